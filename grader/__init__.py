@@ -1,0 +1,2 @@
+"""The course grader."""
+__version__ = "0.1.0"

@@ -1,0 +1,157 @@
+"""Checks: plain callables that judge a learner's answer, with PyTorch as the oracle.
+
+A lab registers its checks in ``labs/<lab>/checks.py`` (a module or package)::
+
+    from grader.checks import CheckFailure, check
+
+    @check("autograd.graph-walk")
+    def small_mlp(walk_graph, ctx):
+        '''matches torch's own graph on a small MLP'''
+        ...                       # raise CheckFailure("what is wrong, what to fix") on a miss
+
+    @check("autograd.graph-walk", hidden=True)
+    def random_models(walk_graph, ctx):
+        '''matches torch's graph on seeded random models'''
+        g = ctx.generator()       # seeded from the run's seed: report it, never hard-code data
+
+A check takes the answer object and a :class:`CheckContext`, returns nothing when the answer is
+right, and raises :class:`CheckFailure` (or ``AssertionError``, e.g. from
+``torch.testing.assert_close``) with a message a learner can act on when it is wrong. Any other
+exception is the answer's own error. :func:`run_checks` runs an exercise's checks (public first,
+then hidden, each in the order defined) and returns one :class:`Verdict`; the in-notebook
+self-check and the batch grader both call it, so they run the same code in the same order.
+"""
+from __future__ import annotations
+
+import importlib
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+MAX_MESSAGE_CHARS = 1200
+
+
+class CheckFailure(Exception):
+    """The answer is wrong. The message is shown to the learner: say what differs and what to fix;
+    never include the check's source or its expected data beyond what the learner needs."""
+
+
+@dataclass(frozen=True)
+class CheckContext:
+    """What a check may depend on besides the answer: the run's ``seed`` and ``device``
+    (``"cpu"`` or ``"cuda"``)."""
+
+    seed: int = 0
+    device: str = "cpu"
+
+    def generator(self, offset: int = 0):
+        """A CPU ``torch.Generator`` seeded with ``seed + offset`` (pass it to ``torch.randn``)."""
+        import torch
+
+        return torch.Generator().manual_seed(self.seed + offset)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One registered check: its exercise id, a learner-facing name (the docstring's first line),
+    whether it is hidden, and the callable ``fn(answer, ctx) -> None``."""
+
+    exercise: str
+    name: str
+    hidden: bool
+    fn: Callable[[Any, CheckContext], None] = field(repr=False)
+
+
+_REGISTRY: dict[str, list[Check]] = {}
+
+
+def check(exercise_id: str, *, hidden: bool = False):
+    """Decorator registering ``fn(answer, ctx)`` as a check of ``exercise_id``."""
+
+    def register(fn):
+        doc = (fn.__doc__ or fn.__name__).strip().splitlines()[0]
+        _REGISTRY.setdefault(exercise_id, []).append(Check(exercise_id, doc, hidden, fn))
+        return fn
+
+    return register
+
+
+def checks_for(exercise_id: str, *, hidden: bool = True) -> list[Check]:
+    """The checks of ``exercise_id``: public ones first, then (if ``hidden``) the hidden ones.
+
+    Imports ``labs.<lab>.checks`` on first use. Raises LookupError when the exercise has none.
+    """
+    lab = exercise_id.split(".", 1)[0]
+    importlib.import_module(f"labs.{lab}.checks")
+    registered = _REGISTRY.get(exercise_id)
+    if not registered:
+        raise LookupError(f"no checks are registered for exercise {exercise_id!r}")
+    public = [c for c in registered if not c.hidden]
+    return public + ([c for c in registered if c.hidden] if hidden else [])
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of one exercise's checks.
+
+    ``status`` is ``passed`` (every check passed), ``failed`` (a check found the answer wrong) or
+    ``error`` (the answer raised, or is missing). ``passed``/``total`` count checks; checks stop
+    at the first miss, so ``passed`` is how far the answer got.
+    """
+
+    exercise: str
+    status: str
+    message: str
+    passed: int
+    total: int
+    seed: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_OWN_DIRS = tuple(str(Path(m.__file__).resolve().parent) for m in [importlib.import_module("grader")])
+
+
+def _learner_location(exc: BaseException) -> str:
+    """' (line N of your code)' for the innermost traceback frame outside grader/ and labs/."""
+    import labs
+
+    own = _OWN_DIRS + (str(Path(labs.__file__).resolve().parent),)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(own)]
+    frames = [f for f in frames if "site-packages" not in f.filename and "/lib/python" not in f.filename]
+    if not frames:
+        return ""
+    return f" (line {frames[-1].lineno} of your code)"
+
+
+def _clip(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3] + "..."
+
+
+def run_checks(exercise_id: str, answer: Any, *, seed: int = 0, device: str = "cpu",
+               hidden: bool = True) -> Verdict:
+    """Run the checks of ``exercise_id`` on ``answer`` and return a Verdict; never raises for a
+    wrong or broken answer (only for a lab with no checks: LookupError)."""
+    checks = checks_for(exercise_id, hidden=hidden)
+    ctx = CheckContext(seed=seed, device=device)
+    for done, chk in enumerate(checks):
+        label = f"{'hidden ' if chk.hidden else ''}check {done + 1}/{len(checks)} '{chk.name}' (seed {seed})"
+        try:
+            chk.fn(answer, ctx)
+        except (CheckFailure, AssertionError) as exc:
+            return Verdict(exercise_id, "failed", _clip(f"{label} failed: {exc}"), done, len(checks), seed)
+        except NotImplementedError as exc:
+            if exc.args and exc.args[0] == exercise_id:
+                msg = (f"NotImplementedError: {exercise_id} is still the stub. Replace the "
+                       f"`raise NotImplementedError(\"{exercise_id}\")` line with your answer.")
+            else:
+                msg = f"{label}: your answer raised NotImplementedError: {exc}{_learner_location(exc)}"
+            return Verdict(exercise_id, "error", _clip(msg), done, len(checks), seed)
+        except Exception as exc:  # the answer's own error, reported without the check's source
+            msg = f"{label}: your answer raised {type(exc).__name__}: {exc}{_learner_location(exc)}"
+            return Verdict(exercise_id, "error", _clip(msg), done, len(checks), seed)
+    return Verdict(exercise_id, "passed", f"all {len(checks)} checks passed (seed {seed})",
+                   len(checks), len(checks), seed)

@@ -1,0 +1,82 @@
+"""A lab's exercise table: ids, titles, points, requirements and time limits.
+
+Each lab keeps its table in ``labs/<lab>/lab.toml`` (the single source of points, timeouts and
+requirements) and its checks in the module ``labs.<lab>.checks``.
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+
+from grader.errors import GraderError
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One graded exercise.
+
+    ``answer`` is the name the learner's answer cell binds in the notebook (a function, class or
+    value); ``timeout`` is the exercise's time limit in seconds; ``requires`` lists what it needs
+    to run (``cpu``, ``cuda``, ``cuda>=2``, ``cxx``).
+    """
+
+    id: str
+    title: str
+    answer: str
+    points: float
+    requires: tuple[str, ...] = ("cpu",)
+    timeout: float = 120.0
+
+
+@dataclass(frozen=True)
+class Lab:
+    """A lab: its id (``autograd``), title, notebook stem (``02_autograd``) and exercises."""
+
+    id: str
+    title: str
+    notebook: str
+    exercises: tuple[Exercise, ...]
+
+    @property
+    def max_score(self) -> float:
+        return sum(e.points for e in self.exercises)
+
+    def exercise(self, exercise_id: str) -> Exercise:
+        for e in self.exercises:
+            if e.id == exercise_id:
+                return e
+        raise GraderError(f"lab {self.id!r} has no exercise {exercise_id!r}")
+
+
+def lab_ids() -> list[str]:
+    """The ids of every lab that has a ``lab.toml``, sorted."""
+    root = resources.files("labs")
+    return sorted(p.name for p in root.iterdir() if (p / "lab.toml").is_file())
+
+
+def load_lab(lab_id: str) -> Lab:
+    """Read ``labs/<lab_id>/lab.toml``. Raises GraderError if the lab or a field is missing."""
+    path = resources.files("labs") / lab_id / "lab.toml"
+    if not path.is_file():
+        raise GraderError(f"no lab {lab_id!r}: expected {path} (known labs: {', '.join(lab_ids())})")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        exercises = tuple(
+            Exercise(
+                id=e["id"],
+                title=e["title"],
+                answer=e["answer"],
+                points=float(e["points"]),
+                requires=tuple(e.get("requires", ["cpu"])),
+                timeout=float(e.get("timeout", 120)),
+            )
+            for e in raw["exercises"]
+        )
+        lab = Lab(id=raw["id"], title=raw["title"], notebook=raw["notebook"], exercises=exercises)
+    except (KeyError, TypeError, ValueError, tomllib.TOMLDecodeError) as exc:
+        raise GraderError(f"{path}: malformed lab table ({exc!r})") from exc
+    for e in exercises:
+        if not e.id.startswith(f"{lab.id}."):
+            raise GraderError(f"{path}: exercise id {e.id!r} must start with '{lab.id}.'")
+    return lab

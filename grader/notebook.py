@@ -1,0 +1,80 @@
+"""The course's cell conventions, read and written with nbformat.
+
+A cell's role lives in ``cell.metadata["course"]``:
+
+- ``{"role": "setup"}``: the lab's imports and helpers (the checks' tests run these first);
+- ``{"role": "answer", "exercise": "<lab>.<slug>"}``: the learner's answer, between
+  ``# BEGIN SOLUTION`` / ``# END SOLUTION`` in ``solutions/``;
+- ``{"role": "check", "exercise": "<lab>.<slug>"}``: the one-line self-check
+  ``check("<lab>.<slug>")``.
+
+The notebook's ``metadata["course"]["lab"]`` names its lab; the papermill ``parameters`` cell
+(tag ``parameters``) defines ``device`` and ``seed``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+from nbformat import NotebookNode
+
+from grader.errors import GraderError
+
+ROLES = ("setup", "answer", "check")
+
+
+def read(path: str | Path) -> NotebookNode:
+    """Read a notebook as nbformat 4 (upgrading older minor versions, adding missing cell ids).
+
+    Raises GraderError naming the file when it is not a readable notebook."""
+    try:
+        nb = nbformat.read(str(path), as_version=4)
+    except Exception as exc:  # JSON errors, schema errors, missing files: all "unreadable"
+        raise GraderError(f"{path}: not a readable Jupyter notebook ({type(exc).__name__}: {exc})") from exc
+    nb.nbformat_minor = max(nb.get("nbformat_minor", 5), 5)
+    for i, cell in enumerate(nb.cells):
+        cell.setdefault("id", f"cell-{i}")
+    return nb
+
+
+def write(nb: NotebookNode, path: str | Path) -> None:
+    """Write ``nb`` in the committed form (nbformat 4.5, indent 1, trailing newline)."""
+    Path(path).write_text(dumps(nb), encoding="utf-8")
+
+
+def dumps(nb: NotebookNode) -> str:
+    """The notebook's committed text; equal notebooks give identical text."""
+    return nbformat.writes(nb, version=4) + "\n"
+
+
+def role(cell: NotebookNode) -> str | None:
+    """The cell's course role (``setup``, ``answer``, ``check``) or None."""
+    meta = cell.get("metadata", {}).get("course")
+    return meta.get("role") if isinstance(meta, dict) else None
+
+
+def exercise_of(cell: NotebookNode) -> str | None:
+    """The exercise id an answer or check cell belongs to, or None."""
+    meta = cell.get("metadata", {}).get("course")
+    return meta.get("exercise") if isinstance(meta, dict) else None
+
+
+def lab_of(nb: NotebookNode, path: str | Path) -> str:
+    """The lab id of a notebook: its ``metadata.course.lab``, else the ``NN_<lab>`` file stem.
+
+    Raises GraderError when neither says."""
+    meta = nb.get("metadata", {}).get("course")
+    if isinstance(meta, dict) and isinstance(meta.get("lab"), str):
+        return meta["lab"]
+    stem = Path(path).stem
+    head, _, tail = stem.partition("_")
+    if head.isdigit() and tail:
+        return tail
+    raise GraderError(f"{path}: cannot tell which lab this is (no metadata.course.lab, and the "
+                      "file name is not NN_<lab>.ipynb)")
+
+
+def code_of(nb: NotebookNode, wanted_role: str, exercise: str | None = None) -> list[str]:
+    """The sources of the code cells with ``wanted_role`` (and ``exercise``), in order."""
+    return [c.source for c in nb.cells if c.cell_type == "code" and role(c) == wanted_role
+            and (exercise is None or exercise_of(c) == exercise)]

@@ -1,0 +1,63 @@
+"""What runs inside the notebook's kernel: the learner's self-check and the grader's check cell.
+
+Both look up the exercise's answer by the name in the lab's table, in the notebook's namespace
+(``__main__``), and call :func:`grader.checks.run_checks`: the self-check runs the public
+checks, the grader's cell runs public then hidden ones and emits the verdict as one output of
+mimetype :data:`VERDICT_MIME` that the grader reads back.
+"""
+from __future__ import annotations
+
+import html
+import sys
+import time
+
+from grader.checks import Verdict, run_checks
+from grader.labs import load_lab
+
+VERDICT_MIME = "application/vnd.pytorch-internals.verdict+json"
+
+
+def _answer(exercise_id: str):
+    """(answer object or None, Verdict or None when the name is not bound)."""
+    lab = load_lab(exercise_id.split(".", 1)[0])
+    name = lab.exercise(exercise_id).answer
+    namespace = vars(sys.modules["__main__"])
+    if name not in namespace:
+        msg = (f"`{name}` is not defined: the answer cell of {exercise_id} is missing or raised "
+               f"before defining it. Run that cell (or restore it from the released notebook).")
+        return None, msg
+    return namespace[name], None
+
+
+def _verdict(exercise_id: str, *, seed: int, device: str, hidden: bool) -> Verdict:
+    answer, missing = _answer(exercise_id)
+    if missing:
+        return Verdict(exercise_id, "error", missing, 0, 0, seed)
+    return run_checks(exercise_id, answer, seed=seed, device=device, hidden=hidden)
+
+
+def check(exercise_id: str) -> None:
+    """Run the public checks of ``exercise_id`` and show pass/fail with the message.
+
+    Uses the notebook's ``seed`` and ``device`` parameters when defined (0 and ``cpu`` otherwise).
+    """
+    from IPython.display import display
+
+    main = vars(sys.modules["__main__"])
+    v = _verdict(exercise_id, seed=int(main.get("seed", 0)), device=str(main.get("device", "cpu")),
+                 hidden=False)
+    mark, colour = ("✓", "#1a7f37") if v.status == "passed" else ("✗", "#cf222e")
+    text = f"{mark} {exercise_id}: {v.status} — {v.message}"
+    display({"text/plain": text,
+             "text/html": f'<pre style="color:{colour};white-space:pre-wrap">{html.escape(text)}</pre>'},
+            raw=True)
+
+
+def grade(exercise_id: str, *, seed: int, device: str) -> None:
+    """The grader's check cell: run every check and emit the verdict as a VERDICT_MIME output."""
+    from IPython.display import display
+
+    start = time.perf_counter()
+    v = _verdict(exercise_id, seed=seed, device=device, hidden=True)
+    payload = v.to_dict() | {"duration_s": round(time.perf_counter() - start, 3)}
+    display({VERDICT_MIME: payload, "text/plain": f"{v.exercise}: {v.status}"}, raw=True)

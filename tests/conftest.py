@@ -1,0 +1,37 @@
+"""Shared fixtures: load an exercise's reference answer (from solutions/) or stub (from notebooks/)
+by executing the lab's setup cells and that exercise's answer cell, as the kernel would."""
+from pathlib import Path
+
+import pytest
+
+from grader import notebook
+from grader.labs import load_lab
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_answer(exercise_id: str, source: str = "solutions"):
+    """The object the answer cell of ``exercise_id`` binds, executed from ``source``
+    (``solutions`` for the reference answer, ``notebooks`` for the released stub)."""
+    lab = load_lab(exercise_id.split(".", 1)[0])
+    nb = notebook.read(ROOT / source / f"{lab.notebook}.ipynb")
+    namespace = {"__name__": "__main__", "seed": 0, "device": "cpu"}
+    for src in notebook.code_of(nb, "setup"):
+        exec(compile(src, f"<setup {lab.id}>", "exec"), namespace)
+    sources = notebook.code_of(nb, "answer", exercise_id)
+    assert sources, f"{source}/{lab.notebook}.ipynb has no answer cell for {exercise_id}"
+    for src in sources:
+        exec(compile(src, f"<answer {exercise_id}>", "exec"), namespace)
+    return namespace[lab.exercise(exercise_id).answer]
+
+
+@pytest.fixture
+def reference():
+    """``reference(exercise_id)`` -> the reference answer from solutions/."""
+    return lambda exercise_id: load_answer(exercise_id, "solutions")
+
+
+@pytest.fixture
+def stub():
+    """``stub(exercise_id)`` -> the released stub from notebooks/."""
+    return lambda exercise_id: load_answer(exercise_id, "notebooks")

@@ -153,5 +153,5 @@ def run_checks(exercise_id: str, answer: Any, *, seed: int = 0, device: str = "c
         except Exception as exc:  # the answer's own error, reported without the check's source
             msg = f"{label}: your answer raised {type(exc).__name__}: {exc}{_learner_location(exc)}"
             return Verdict(exercise_id, "error", _clip(msg), done, len(checks), seed)
-    return Verdict(exercise_id, "passed", f"all {len(checks)} checks passed (seed {seed})",
+    return Verdict(exercise_id, "passed", f"{len(checks)}/{len(checks)} checks passed (seed {seed})",
                    len(checks), len(checks), seed)

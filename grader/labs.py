@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass
-from importlib import resources
+from pathlib import Path
 
 from grader.errors import GraderError
 
@@ -31,12 +31,19 @@ class Exercise:
 
 @dataclass(frozen=True)
 class Lab:
-    """A lab: its id (``autograd``), title, notebook stem (``02_autograd``) and exercises."""
+    """A lab: its id (``autograd``), title, notebook stem (``02_autograd``), exercises, and
+    ``root``, the course folder holding ``labs/<id>/``, ``solutions/`` and ``notebooks/``."""
 
     id: str
     title: str
     notebook: str
     exercises: tuple[Exercise, ...]
+    root: Path
+
+    @property
+    def release_path(self) -> Path:
+        """The released (learner) notebook the grader restores cells from."""
+        return self.root / "notebooks" / f"{self.notebook}.ipynb"
 
     @property
     def max_score(self) -> float:
@@ -49,17 +56,26 @@ class Lab:
         raise GraderError(f"lab {self.id!r} has no exercise {exercise_id!r}")
 
 
+def _tables() -> dict[str, Path]:
+    import labs
+
+    found: dict[str, Path] = {}
+    for base in labs.__path__:
+        for table in sorted(Path(base).glob("*/lab.toml")):
+            found.setdefault(table.parent.name, table)
+    return found
+
+
 def lab_ids() -> list[str]:
     """The ids of every lab that has a ``lab.toml``, sorted."""
-    root = resources.files("labs")
-    return sorted(p.name for p in root.iterdir() if (p / "lab.toml").is_file())
+    return sorted(_tables())
 
 
 def load_lab(lab_id: str) -> Lab:
     """Read ``labs/<lab_id>/lab.toml``. Raises GraderError if the lab or a field is missing."""
-    path = resources.files("labs") / lab_id / "lab.toml"
-    if not path.is_file():
-        raise GraderError(f"no lab {lab_id!r}: expected {path} (known labs: {', '.join(lab_ids())})")
+    path = _tables().get(lab_id)
+    if path is None:
+        raise GraderError(f"no lab {lab_id!r} (known labs: {', '.join(lab_ids())})")
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
         exercises = tuple(
@@ -73,7 +89,8 @@ def load_lab(lab_id: str) -> Lab:
             )
             for e in raw["exercises"]
         )
-        lab = Lab(id=raw["id"], title=raw["title"], notebook=raw["notebook"], exercises=exercises)
+        lab = Lab(id=raw["id"], title=raw["title"], notebook=raw["notebook"], exercises=exercises,
+                  root=path.parent.parent.parent)
     except (KeyError, TypeError, ValueError, tomllib.TOMLDecodeError) as exc:
         raise GraderError(f"{path}: malformed lab table ({exc!r})") from exc
     for e in exercises:

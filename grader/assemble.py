@@ -1,0 +1,108 @@
+"""Assemble what runs: the release's cells, the submission's answers, and the grader's check cells.
+
+The submission is trusted for answer cells and the cells the learner added, nothing else:
+every other cell that came with the release (narrative, setup, demos, self-checks) is restored
+from the release by cell id (a changed one is reported and not run; a deleted one is put back).
+Learner cells keep their place after the nearest release cell above them. Each exercise's
+self-check cell becomes a *grade cell*, placed after the exercise's self-check or its last answer
+cell, whichever comes later, so an answer moved further down is still defined when it is checked.
+(Like nbgrader's ``OverwriteCells``, keyed by cell id and exercise id instead of checksums.)
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import nbformat.v4 as v4
+from nbformat import NotebookNode
+
+from grader import notebook
+from grader.labs import Lab
+
+#: cell tags the grader owns: a learner cell carrying them loses them
+_RESERVED_TAGS = {"parameters", "injected-parameters"}
+
+
+@dataclass
+class Assembled:
+    """The notebook to execute plus what assembly found.
+
+    ``missing`` lists exercise ids without an answer cell; ``edited`` the ids of release cells the
+    learner changed (restored); ``skipped`` maps exercise id -> reason its checks are not run."""
+
+    nb: NotebookNode
+    missing: list[str] = field(default_factory=list)
+    edited: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def grade_source(exercise_id: str, seed: int, device: str) -> str:
+    """The source of the grader's check cell for ``exercise_id``."""
+    return ("from grader.selfcheck import grade as _grade\n"
+            f"_grade({exercise_id!r}, seed={seed!r}, device={device!r})")
+
+
+def _learner_cell(cell: NotebookNode) -> NotebookNode:
+    """A learner cell as it will run: outputs dropped, grader-owned roles and tags removed."""
+    cell = copy.deepcopy(cell)
+    meta = cell.setdefault("metadata", {})
+    if notebook.role(cell) != "answer":
+        meta.pop("course", None)
+    if tags := meta.get("tags"):
+        meta["tags"] = [t for t in tags if t not in _RESERVED_TAGS]
+    if cell.cell_type == "code":
+        cell.outputs, cell.execution_count = [], None
+    return cell
+
+
+def assemble(release: NotebookNode, submission: NotebookNode, lab: Lab, *, seed: int,
+             device: str, skipped: dict[str, str] | None = None) -> Assembled:
+    """Build the notebook to grade (``release`` and ``submission`` are not modified).
+
+    ``skipped`` maps exercise ids whose requirements are unmet to the reason; they get no grade
+    cell."""
+    skipped = dict(skipped or {})
+    kept = {c.id: c for c in release.cells if notebook.role(c) != "answer"}
+    attached: dict[str | None, list[NotebookNode]] = {}
+    edited: list[str] = []
+    anchor: str | None = None
+    answered: set[str] = set()
+    for cell in submission.cells:
+        rel = kept.get(cell.get("id"))
+        if rel is not None and notebook.role(cell) != "answer":
+            anchor = rel.id
+            if cell.source != rel.source or cell.cell_type != rel.cell_type:
+                edited.append(rel.id)
+            continue
+        if notebook.role(cell) == "answer":
+            answered.add(notebook.exercise_of(cell))
+        attached.setdefault(anchor, []).append(_learner_cell(cell))
+
+    cells = list(attached.get(None, []))
+    for rel in release.cells:
+        if rel.id in kept:
+            cells.append(copy.deepcopy(rel))
+            cells.extend(attached.get(rel.id, []))
+    # Each grade cell goes after the later of its self-check cell and its last answer cell;
+    # the self-check cells themselves do not run (the grade cell runs the same checks and more).
+    ids = {e.id for e in lab.exercises}
+    last = {notebook.exercise_of(c): i for i, c in enumerate(cells)
+            if notebook.role(c) in ("check", "answer") and notebook.exercise_of(c) in ids}
+    out: list[NotebookNode] = []
+    for i, cell in enumerate(cells):
+        if notebook.role(cell) != "check":
+            out.append(cell)
+        for ex in (e.id for e in lab.exercises if last.get(e.id) == i and e.id not in skipped):
+            grade = v4.new_code_cell(grade_source(ex, seed, device))
+            grade.id = f"grade-{ex.replace('.', '-')}"
+            grade.metadata["course"] = {"role": "grade", "exercise": ex}
+            out.append(grade)
+    seen: set[str] = set()
+    for i, cell in enumerate(out):  # copied cells may share an id; ids must be unique
+        if cell.id in seen:
+            cell.id = f"learner-{i}"
+        seen.add(cell.id)
+    nb = copy.deepcopy(release)
+    nb.cells = out
+    missing = [e.id for e in lab.exercises if e.id not in answered]
+    return Assembled(nb=nb, missing=missing, edited=edited, skipped=skipped)

@@ -1,0 +1,143 @@
+"""Grade one submitted notebook: assemble it against the release, execute it with papermill and
+the ``grader`` engine, and turn the outcomes into a :class:`LabResult` that is always written,
+even when grading could not happen (then every exercise scores 0 with the reason)."""
+from __future__ import annotations
+
+import secrets
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import papermill
+from papermill.exceptions import PapermillExecutionError
+
+from grader import notebook
+from grader.assemble import assemble
+from grader.errors import GraderError
+from grader.execute import Outcome  # noqa: F401  (importing registers the "grader" engine)
+from grader.labs import Exercise, Lab, load_lab
+from grader.results import Environment, ExerciseResult, LabResult
+
+
+def new_seed() -> int:
+    """A fresh random seed for the hidden checks (reported in every result)."""
+    return secrets.randbelow(2**31)
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; ``cpu``/``cuda`` as given."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise GraderError(f"unknown device {device!r}: use auto, cpu or cuda")
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def unmet(requires: tuple[str, ...], device: str) -> str | None:
+    """Why an exercise with ``requires`` cannot run on ``device`` here, or None when it can."""
+    for need in requires:
+        if need == "cpu":
+            continue
+        if need.startswith("cuda"):
+            count = int(need.partition(">=")[2] or 1)
+            if device != "cuda":
+                return f"needs {need} (a CUDA GPU); this run's device is {device}"
+            import torch
+
+            if torch.cuda.device_count() < count:
+                return f"needs {need}; {torch.cuda.device_count()} CUDA device(s) visible"
+        elif need == "cxx":
+            if not (shutil.which("c++") or shutil.which("g++")):
+                return "needs a C++ compiler (c++ or g++ on PATH)"
+        else:
+            return f"unknown requirement {need!r} in the lab table"
+    return None
+
+
+def _message(ex: Exercise, outcome: Outcome, missing: bool) -> str:
+    parts = [outcome.message]
+    if outcome.status != "passed":
+        if missing:
+            parts.insert(0, f"No answer cell for {ex.id} was found (answer cells are found by "
+                            "their metadata; copy it back from the released notebook).")
+        if outcome.answer_errors:
+            parts.append("Your answer cell raised " + "; ".join(outcome.answer_errors) + ".")
+    return " ".join(p for p in parts if p)
+
+
+def _failed_result(lab: Lab | None, path: Path, env: Environment, reason: str,
+                   started: float) -> LabResult:
+    exercises = tuple(ExerciseResult(e.id, e.title, "error", 0.0, e.points,
+                                     f"not graded: {reason}") for e in (lab.exercises if lab else ()))
+    return LabResult(lab=lab.id if lab else "unknown", notebook=str(path), exercises=exercises,
+                     environment=env, duration_s=round(time.monotonic() - started, 3),
+                     error=reason)
+
+
+def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int | None = None,
+                   timeout: float | None = None,
+                   on_outcome: Callable[[Outcome], None] | None = None) -> LabResult:
+    """Grade the notebook at ``path``; write ``out_dir/<stem>.json`` and the executed notebook
+    ``out_dir/<stem>.executed.ipynb``; return the result.
+
+    ``timeout`` (seconds) overrides every exercise's time limit. Never raises for a bad
+    submission: the result's ``error`` says why grading could not happen."""
+    started = time.monotonic()
+    seed = new_seed() if seed is None else seed
+    env = Environment.current(device, seed)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lab = None
+    try:
+        submission = notebook.read(path)
+        lab = load_lab(notebook.lab_of(submission, path))
+        release = notebook.read(lab.release_path)
+    except GraderError as exc:
+        result = _failed_result(lab, path, env, str(exc), started)
+        result.write(out_dir / f"{path.stem}.json")
+        return result
+
+    skipped = {e.id: r for e in lab.exercises if (r := unmet(e.requires, device))}
+    built = assemble(release, submission, lab, seed=seed, device=device, skipped=skipped)
+    outcomes: dict[str, Outcome] = {}
+
+    def record(outcome: Outcome) -> None:
+        outcomes[outcome.exercise] = outcome
+        if on_outcome:
+            on_outcome(outcome)
+
+    error = None
+    with tempfile.TemporaryDirectory(prefix="grade-") as cwd:
+        try:
+            papermill.execute_notebook(
+                built.nb, str(out_dir / f"{path.stem}.executed.ipynb"),
+                parameters={"device": device, "seed": seed}, engine_name="grader",
+                kernel_name="python3", progress_bar=False, cwd=cwd, on_outcome=record,
+                timeouts={e.id: timeout or e.timeout for e in lab.exercises})
+        except PapermillExecutionError:
+            pass  # some cell raised: each exercise's outcome already says what that cost
+        except Exception as exc:  # the kernel could not start, the output could not be written...
+            error = f"execution failed: {type(exc).__name__}: {exc}"
+
+    results = []
+    for e in lab.exercises:
+        if e.id in skipped:
+            results.append(ExerciseResult(e.id, e.title, "skipped", 0.0, e.points, skipped[e.id]))
+        elif (o := outcomes.get(e.id)) is not None:
+            results.append(ExerciseResult(
+                e.id, e.title, o.status, e.points if o.status == "passed" else 0.0, e.points,
+                _message(e, o, e.id in built.missing), round(o.duration_s, 3)))
+        else:
+            results.append(ExerciseResult(e.id, e.title, "error", 0.0, e.points,
+                                          f"not graded: {error or 'its checks never ran'}"))
+    notes = [f"cell {cid!r} differs from the release; the released version was run"
+             for cid in built.edited]
+    notes += [f"no answer cell for {ex}" for ex in built.missing]
+    result = LabResult(lab=lab.id, notebook=str(path), exercises=tuple(results), environment=env,
+                       duration_s=round(time.monotonic() - started, 3), notes=tuple(notes),
+                       error=error)
+    result.write(out_dir / f"{path.stem}.json")
+    return result

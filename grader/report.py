@@ -1,0 +1,39 @@
+"""Human-readable views of a :class:`LabResult` (pure functions of it)."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from grader.results import LabResult
+
+STYLE = {"passed": "green", "failed": "red", "error": "red", "timeout": "yellow",
+         "crashed": "magenta", "skipped": "dim"}
+
+
+def table(result: LabResult) -> Table:
+    """A per-exercise table with the score over the whole lab and over what could run."""
+    env = result.environment
+    t = Table(title=f"{result.lab} — {result.notebook}",
+              caption=(f"score {result.score:g}/{result.max_score:g} "
+                       f"(over what could run here: {result.score:g}/{result.runnable_max_score:g})"
+                       f" · seed {env.seed} · {env.device} · torch {env.torch_version}"
+                       f" · {result.duration_s:.1f} s"),
+              show_lines=True, expand=True)
+    t.add_column("exercise", no_wrap=True)
+    t.add_column("status", no_wrap=True)
+    t.add_column("points", justify="right", no_wrap=True)
+    t.add_column("time", justify="right", no_wrap=True)
+    t.add_column("message", ratio=1)
+    for e in result.exercises:
+        t.add_row(f"{e.id}\n[dim]{e.title}[/dim]", f"[{STYLE[e.status]}]{e.status}[/]",
+                  f"{e.points:g}/{e.max_points:g}", f"{e.duration_s:.1f} s", e.message)
+    return t
+
+
+def print_result(result: LabResult, console: Console) -> None:
+    """Print the table, then any notes and the grading error."""
+    console.print(table(result))
+    for note in result.notes:
+        console.print(f"[dim]note:[/dim] {note}")
+    if result.error:
+        console.print(f"[red]grading error:[/red] {result.error}")

@@ -1,0 +1,107 @@
+"""Results: small immutable dataclasses with computed totals; every report is a view of them.
+
+The JSON written by :meth:`LabResult.to_dict` is versioned (``schema``/``schema_version``) and
+described by ``grader/result.schema.json``.
+"""
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+from grader import __version__
+
+SCHEMA = "pytorch-internals-course/lab-result"
+SCHEMA_VERSION = 1
+STATUSES = ("passed", "failed", "error", "timeout", "crashed", "skipped")
+
+
+@dataclass(frozen=True)
+class ExerciseResult:
+    """One exercise's outcome. ``points`` is ``max_points`` when passed, else 0;
+    ``duration_s`` is wall time in seconds from its first cell to its verdict."""
+
+    id: str
+    title: str
+    status: str
+    points: float
+    max_points: float
+    message: str
+    duration_s: float = 0.0
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}")
+
+
+@dataclass(frozen=True)
+class Environment:
+    """Where and how a run happened. ``started_at`` is an ISO 8601 UTC timestamp."""
+
+    torch_version: str
+    device: str
+    seed: int
+    grader_version: str
+    python_version: str
+    started_at: str
+
+    @classmethod
+    def current(cls, device: str, seed: int) -> "Environment":
+        try:
+            torch_version = metadata.version("torch")
+        except metadata.PackageNotFoundError:
+            torch_version = "not installed"
+        return cls(torch_version=torch_version, device=device, seed=seed,
+                   grader_version=__version__, python_version=platform.python_version(),
+                   started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+@dataclass(frozen=True)
+class LabResult:
+    """A graded notebook: lab id, the submission's path, exercises, environment, and notes
+    (restored cells, missing answers). ``error`` is set when grading itself failed; the
+    exercises then carry that reason and score 0."""
+
+    lab: str
+    notebook: str
+    exercises: tuple[ExerciseResult, ...]
+    environment: Environment
+    duration_s: float = 0.0
+    notes: tuple[str, ...] = ()
+    error: str | None = None
+
+    @property
+    def score(self) -> float:
+        return round(sum(e.points for e in self.exercises), 4)
+
+    @property
+    def max_score(self) -> float:
+        return round(sum(e.max_points for e in self.exercises), 4)
+
+    @property
+    def runnable_max_score(self) -> float:
+        """The maximum over the exercises that could run here (not skipped)."""
+        return round(sum(e.max_points for e in self.exercises if e.status != "skipped"), 4)
+
+    def to_dict(self) -> dict:
+        return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "lab": self.lab,
+                "notebook": self.notebook, "score": self.score, "max_score": self.max_score,
+                "runnable_max_score": self.runnable_max_score, "duration_s": self.duration_s,
+                "error": self.error, "notes": list(self.notes),
+                "environment": asdict(self.environment),
+                "exercises": [asdict(e) for e in self.exercises]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "LabResult":
+        if data.get("schema") != SCHEMA or data.get("schema_version") != SCHEMA_VERSION:
+            raise ValueError(f"not a {SCHEMA} v{SCHEMA_VERSION} result")
+        return cls(lab=data["lab"], notebook=data["notebook"],
+                   exercises=tuple(ExerciseResult(**e) for e in data["exercises"]),
+                   environment=Environment(**data["environment"]), duration_s=data["duration_s"],
+                   notes=tuple(data["notes"]), error=data["error"])
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args, console)
     except GraderError as exc:
-        Console(stderr=True).print(f"[red]error:[/red] {exc}")
+        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {exc}")
         return exc.exit_code
 
 

@@ -15,9 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from jupyter_core.utils import run_sync
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
-from nbclient.util import ensure_async
 from nbformat import NotebookNode
 from papermill.clientwrap import PapermillNotebookClient
 from papermill.engines import Engine, papermill_engines
@@ -27,7 +25,7 @@ from grader.selfcheck import VERDICT_MIME
 
 #: seconds a cell outside any exercise (after the last grade cell) may run
 EPILOGUE_CELL_TIMEOUT = 120
-#: seconds an interrupted kernel has to become responsive again before it is replaced
+#: seconds an interrupted kernel has to go idle again before it is replaced
 INTERRUPT_GRACE = 10
 
 
@@ -91,6 +89,10 @@ def _verdict(cell: NotebookNode) -> dict | None:
     return None
 
 
+#: the ename nbclient reports for a cell it interrupted at its time limit
+TIMEOUT_ENAME = "GraderTimeLimit"
+
+
 class GraderEngine(Engine):
     """papermill engine ``grader``: per-exercise time limits, interrupt, restart and resume."""
 
@@ -98,55 +100,73 @@ class GraderEngine(Engine):
     def execute_managed_notebook(cls, nb_man, kernel_name, *, timeouts: dict[str, float],
                                  on_outcome: Callable[[Outcome], None], start_timeout=60,
                                  **kwargs):
+        interrupted: set[int] = set()
+
+        def on_cell_error(cell, cell_index, execute_reply):
+            if execute_reply["content"].get("ename") == TIMEOUT_ENAME:
+                interrupted.add(cell_index)
+
+        # On a timeout nbclient interrupts the kernel and waits up to iopub_timeout for it to go
+        # idle; a kernel that stays busy raises CellTimeoutError and is replaced.
         client = PapermillNotebookClient(
             nb_man, kernel_name=kernel_name, allow_errors=True, startup_timeout=start_timeout,
-            shutdown_kernel="immediate", interrupt_on_timeout=False)
+            shutdown_kernel="immediate", interrupt_on_timeout=True,
+            error_on_timeout={"ename": TIMEOUT_ENAME, "evalue": "time limit", "traceback": []},
+            iopub_timeout=INTERRUPT_GRACE, on_cell_error=on_cell_error)
         todo = parts(nb_man.nb)
-        done = 0
+        done, lost = 0, set()
         while done < len(todo):
             with client.setup_kernel():
                 if done:
-                    cls._replay(client, todo[:done], timeouts)
+                    cls._replay(client, [p for i, p in enumerate(todo[:done]) if i not in lost],
+                                timeouts)
                 while done < len(todo):
                     part = todo[done]
                     done += 1
                     try:
-                        outcome = cls._run_part(client, nb_man, part, timeouts)
-                    except KernelLost as lost:
-                        outcome = Outcome(part.exercise, lost.status, str(lost), lost.duration_s)
+                        outcome = cls._run_part(client, nb_man, part, timeouts, interrupted)
+                    except KernelLost as exc:
+                        lost.add(done - 1)
                         if part.exercise:
-                            on_outcome(outcome)
+                            on_outcome(Outcome(part.exercise, exc.status, str(exc), exc.duration_s))
                         break
                     if part.exercise:
                         on_outcome(outcome)
         return nb_man.nb
 
     @classmethod
-    def _run_part(cls, client, nb_man, part: Part, timeouts) -> Outcome:
+    def _run_part(cls, client, nb_man, part: Part, timeouts, interrupted: set[int]) -> Outcome:
         start = time.monotonic()
-        limit = timeouts.get(part.exercise) if part.exercise else None
+        limit = timeouts.get(part.exercise, EPILOGUE_CELL_TIMEOUT)
         answer_errors: list[str] = []
         for index in part.cells:
             cell = nb_man.nb.cells[index]
-            remaining = (limit - (time.monotonic() - start)) if limit else EPILOGUE_CELL_TIMEOUT
+            what = "your answer" if notebook.role(cell) == "answer" else (
+                "the checks" if notebook.role(cell) == "grade" else f"cell {cell.id!r}")
+            late = (f"exceeded the time limit of {limit:g} s while running {what}; look for an "
+                    "endless loop or work that grows too fast with the input size.")
+            remaining = limit - (time.monotonic() - start) if part.exercise else limit
+            if remaining <= 0:
+                return Outcome(part.exercise, "timeout", late, time.monotonic() - start)
+            client.timeout = max(1, math.ceil(remaining))
             nb_man.cell_start(cell, index)
             try:
-                cls._execute(client, cell, index, remaining, start)
-            except CellTimeoutError:
+                client.execute_cell(cell, index)
+            except CellTimeoutError as exc:
+                raise KernelLost(late + " The kernel ignored the interrupt and was replaced by a "
+                                 "fresh one.", time.monotonic() - start, "timeout") from exc
+            except DeadKernelError as exc:
+                raise KernelLost(
+                    f"the kernel died while running {what} (a crash, os._exit, or running out "
+                    "of memory); the rest of the lab was graded in a fresh kernel.",
+                    time.monotonic() - start) from exc
+            finally:
                 nb_man.cell_complete(cell, index)
-                what = "your answer" if notebook.role(cell) == "answer" else (
-                    "the checks" if notebook.role(cell) == "grade" else f"cell {cell.id!r}")
-                message = (f"exceeded the time limit of {limit or EPILOGUE_CELL_TIMEOUT:g} s while "
-                           f"running {what}; look for an endless loop or work that grows too fast "
-                           "with the input size.")
-                cls._interrupt(client, message, start)
-                return Outcome(part.exercise, "timeout", message + " The kernel was interrupted "
-                               "and grading went on.", time.monotonic() - start)
-            if errors := _errors(cell):
-                nb_man.cell_exception(cell, index)
-                if notebook.role(cell) == "answer":
-                    answer_errors.extend(errors)
-            nb_man.cell_complete(cell, index)
+            if index in interrupted:
+                return Outcome(part.exercise, "timeout", late + " The kernel was interrupted and "
+                               "grading went on.", time.monotonic() - start)
+            if notebook.role(cell) == "answer":
+                answer_errors.extend(_errors(cell))
         duration = time.monotonic() - start
         if part.exercise is None:
             return Outcome("", "passed", "", duration)
@@ -160,49 +180,18 @@ class GraderEngine(Engine):
                        tuple(answer_errors))
 
     @staticmethod
-    def _execute(client, cell, index, seconds: float, start: float) -> None:
-        if seconds <= 0:
-            raise CellTimeoutError("no time left")
-        client.timeout = max(1, math.ceil(seconds))
-        try:
-            client.execute_cell(cell, index)
-        except DeadKernelError as exc:
-            raise KernelLost(
-                f"the kernel died while running cell {cell.id!r} ({exc}): a crash, os._exit, "
-                "or running out of memory. The rest of the lab was graded in a fresh kernel.",
-                time.monotonic() - start) from exc
-
-    @staticmethod
-    def _interrupt(client, message: str, start: float) -> None:
-        """Interrupt the kernel and wait until it answers again; KernelLost if it does not."""
-        run_sync(lambda: ensure_async(client.km.interrupt_kernel()))()
-        probe = copy.deepcopy(NotebookNode(cell_type="code", source="pass", metadata={},
-                                           outputs=[], execution_count=None, id="probe"))
-        client.timeout = INTERRUPT_GRACE
-        try:
-            client.execute_cell(probe, 0, store_history=False)
-        except (CellTimeoutError, DeadKernelError) as exc:
-            raise KernelLost(message + " The kernel ignored the interrupt and was replaced by a "
-                             "fresh one.", time.monotonic() - start, "timeout") from exc
-
-    @classmethod
-    def _replay(cls, client, done: list[Part], timeouts) -> None:
-        """Re-run the earlier parts' cells (not their grade cells) in a fresh kernel, on copies,
-        so later exercises find the state they expect. Failures here are not graded."""
+    def _replay(client, done: list[Part], timeouts) -> None:
+        """Re-run the cells of earlier parts that completed (not their grade cells) in a fresh
+        kernel, on copies, so later exercises find the state they expect. Not graded."""
         for part in done:
+            client.timeout = math.ceil(timeouts.get(part.exercise, EPILOGUE_CELL_TIMEOUT))
             for index in part.cells:
                 cell = copy.deepcopy(client.nb.cells[index])
                 if notebook.role(cell) == "grade":
                     continue
-                client.timeout = math.ceil(timeouts.get(part.exercise, EPILOGUE_CELL_TIMEOUT))
                 try:
                     client.execute_cell(cell, index)
-                except CellTimeoutError:
-                    try:
-                        cls._interrupt(client, "replay", time.monotonic())
-                    except KernelLost:
-                        return
-                except DeadKernelError:
+                except (CellTimeoutError, DeadKernelError):
                     return
 
 

@@ -96,6 +96,11 @@ def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int 
         lab = load_lab(notebook.lab_of(submission, path))
         release = notebook.read(lab.release_path)
     except GraderError as exc:
+        if lab is None:  # unreadable: the file name may still say which lab it was meant for
+            try:
+                lab = load_lab(notebook.lab_of({}, path))
+            except GraderError:
+                pass
         result = _failed_result(lab, path, env, str(exc), started)
         result.write(out_dir / f"{path.stem}.json")
         return result

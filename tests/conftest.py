@@ -1,8 +1,19 @@
 """Shared fixtures: load an exercise's reference answer (from solutions/) or stub (from notebooks/)
-by executing the lab's setup cells and that exercise's answer cell, as the kernel would."""
+by executing the lab's setup cells and that exercise's answer cell, as the kernel would.
+
+``tests/fixtures`` holds a tiny course of its own (``labs/toy``, its solution and release) used to
+test the grader; it is put on ``sys.path`` and ``PYTHONPATH`` (so kernels see it too) before the
+``labs`` package is first imported.
+"""
+import os
+import sys
 from pathlib import Path
 
 import pytest
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+sys.path.insert(0, str(FIXTURES))
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FIXTURES), os.environ.get("PYTHONPATH")]))
 
 from grader import notebook
 from grader.labs import load_lab

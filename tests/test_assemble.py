@@ -1,0 +1,105 @@
+"""Assembly: the submission is trusted for answers and added cells only."""
+import copy
+
+import nbformat.v4 as v4
+
+from grader import notebook
+from grader.assemble import assemble
+from grader.labs import load_lab
+from tests.conftest import FIXTURES
+
+RELEASE = notebook.read(FIXTURES / "notebooks" / "90_toy.ipynb")
+LAB = load_lab("toy")
+
+
+def _submission():
+    return copy.deepcopy(RELEASE)
+
+
+def _cell(nb, cell_id):
+    return next(c for c in nb.cells if c.id == cell_id)
+
+
+def _ids(nb):
+    return [c.id for c in nb.cells]
+
+
+def _run(sub, **kw):
+    return assemble(RELEASE, sub, LAB, seed=7, device="cpu", **kw)
+
+
+def test_release_as_submission_runs_release_cells_with_grade_cells_for_self_checks():
+    built = _run(_submission())
+    assert _ids(built.nb) == ["intro", "parameters", "setup", "add-md", "add-answer",
+                              "grade-toy-add", "mul-md", "mul-answer", "grade-toy-mul", "gpu-md",
+                              "gpu-answer", "grade-toy-gpu", "outro"]
+    grade = _cell(built.nb, "grade-toy-add")
+    assert "_grade('toy.add', seed=7, device='cpu')" in grade.source
+    assert built.missing == [] and built.edited == []
+
+
+def test_edited_release_cells_are_restored_and_reported():
+    sub = _submission()
+    _cell(sub, "setup").source = "check = lambda *a: None"
+    _cell(sub, "intro").source = "# my notes"
+    built = _run(sub)
+    assert _cell(built.nb, "setup").source == _cell(RELEASE, "setup").source
+    assert sorted(built.edited) == ["intro", "setup"]
+
+
+def test_deleted_release_cells_come_back():
+    sub = _submission()
+    sub.cells = [c for c in sub.cells if c.id not in ("setup", "mul-md")]
+    assert "setup" in _ids(_run(sub).nb) and "mul-md" in _ids(_run(sub).nb)
+
+
+def test_learner_cells_stay_where_they_stand_and_lose_grader_tags():
+    sub = _submission()
+    helper = v4.new_code_cell("def helper(a):\n    return a")
+    helper.id, helper.metadata["tags"] = "my-helper", ["parameters", "mine"]
+    sub.cells.insert(_ids(sub).index("add-md") + 1, helper)
+    built = _run(sub)
+    ids = _ids(built.nb)
+    assert ids.index("add-md") + 1 == ids.index("my-helper")
+    assert _cell(built.nb, "my-helper").metadata["tags"] == ["mine"]
+
+
+def test_a_moved_answer_is_graded_after_it_is_defined():
+    sub = _submission()
+    answer = _cell(sub, "add-answer")
+    sub.cells.remove(answer)
+    sub.cells.insert(_ids(sub).index("outro"), answer)
+    ids = _ids(_run(sub).nb)
+    assert ids.index("add-answer") < ids.index("grade-toy-add")
+
+
+def test_a_split_answer_keeps_both_parts_and_a_deleted_one_is_missing():
+    sub = _submission()
+    first = _cell(sub, "add-answer")
+    second = copy.deepcopy(first)
+    second.id, second.source = "add-answer-2", "ADD_TWO = 2"
+    sub.cells.insert(_ids(sub).index("add-answer") + 1, second)
+    sub.cells.remove(_cell(sub, "mul-answer"))
+    built = _run(sub)
+    ids = _ids(built.nb)
+    assert ids.index("add-answer") < ids.index("add-answer-2") < ids.index("grade-toy-add")
+    assert built.missing == ["toy.mul"]
+    assert "mul-answer" not in ids and "grade-toy-mul" in ids  # still checked: a clear failure
+
+
+def test_copied_cells_get_unique_ids_and_fake_check_roles_are_dropped():
+    sub = _submission()
+    copied = copy.deepcopy(_cell(sub, "add-check"))  # a copied self-check, new id
+    copied.id = "copied-check"
+    twin = copy.deepcopy(_cell(sub, "add-answer"))  # a pasted cell that kept its id
+    sub.cells[5:5] = [copied, twin]
+    built = _run(sub)
+    assert len(set(_ids(built.nb))) == len(built.nb.cells)
+    assert "course" not in _cell(built.nb, "copied-check").metadata  # plain learner code now
+    assert sum(notebook.role(c) == "grade" for c in built.nb.cells) == 3
+
+
+def test_skipped_exercises_get_no_grade_cell():
+    built = _run(_submission(), skipped={"toy.gpu": "needs cuda"})
+    assert "grade-toy-gpu" not in _ids(built.nb)
+    assert built.skipped == {"toy.gpu": "needs cuda"}

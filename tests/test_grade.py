@@ -1,0 +1,132 @@
+"""Grading whole notebooks of the toy lab in real kernels: one behaviour per test, read as
+"given this submission, this status and this message"."""
+import copy
+import json
+import shutil
+
+import jsonschema
+import pytest
+
+from grader import notebook
+from grader.cli import main
+from grader.grade import grade_notebook
+from tests.conftest import FIXTURES, ROOT
+
+RELEASE = notebook.read(FIXTURES / "notebooks" / "90_toy.ipynb")
+SCHEMA = json.loads((ROOT / "grader" / "result.schema.json").read_text())
+ADD = "def add(a, b):\n    return a + b"
+MUL = "def mul(a, b):\n    return a * b"
+
+
+def submit(tmp_path, name="sub", **answers):
+    """Write a toy submission whose answer cells (by exercise slug) have the given sources."""
+    nb = copy.deepcopy(RELEASE)
+    for cell in nb.cells:
+        slug = (notebook.exercise_of(cell) or "").removeprefix("toy.")
+        if notebook.role(cell) == "answer" and slug in answers:
+            cell.source = answers[slug]
+    path = tmp_path / f"{name}.ipynb"
+    notebook.write(nb, path)
+    return path
+
+
+def grade(path, **kw):
+    result = grade_notebook(path, path.parent / "out", device="cpu", seed=11, **kw)
+    data = json.loads((path.parent / "out" / f"{path.stem}.json").read_text())
+    jsonschema.validate(data, SCHEMA)
+    assert data == result.to_dict()
+    return {e.id: e for e in result.exercises}, result
+
+
+def test_reference_scores_full_marks_over_what_can_run(tmp_path):
+    path = tmp_path / "90_toy.ipynb"
+    shutil.copy(FIXTURES / "solutions" / "90_toy.ipynb", path)
+    ex, result = grade(path)
+    assert ex["toy.add"].status == ex["toy.mul"].status == "passed"
+    assert ex["toy.gpu"].status == "skipped" and "needs cuda" in ex["toy.gpu"].message
+    assert (result.score, result.runnable_max_score, result.max_score) == (3, 3, 4)
+    assert result.environment.seed == 11 and result.error is None
+
+
+def test_stubs_are_errors_naming_not_implemented(tmp_path):
+    ex, result = grade(submit(tmp_path))
+    assert result.score == 0
+    for eid in ("toy.add", "toy.mul"):
+        assert ex[eid].status == "error"
+        assert "NotImplementedError" in ex[eid].message and "still the stub" in ex[eid].message
+
+
+def test_a_wrong_answer_fails_with_the_input_that_shows_it(tmp_path):
+    ex, _ = grade(submit(tmp_path, add="def add(a, b):\n    return a - b", mul=MUL))
+    assert ex["toy.add"].status == "failed"
+    assert "expected" in ex["toy.add"].message and "seed 11" in ex["toy.add"].message
+    assert ex["toy.mul"].status == "passed"
+
+
+def test_an_answer_cell_that_raises_costs_only_its_exercise(tmp_path):
+    ex, _ = grade(submit(tmp_path, add="import nonexistent_module\n" + ADD, mul=MUL))
+    assert ex["toy.add"].status == "error"
+    assert "ModuleNotFoundError" in ex["toy.add"].message
+    assert ex["toy.mul"].status == "passed"
+
+
+def test_a_hang_is_interrupted_at_the_time_limit_and_grading_goes_on(tmp_path):
+    ex, _ = grade(submit(tmp_path, add="import time\ntime.sleep(60)\n" + ADD, mul=MUL), timeout=3)
+    assert ex["toy.add"].status == "timeout" and "time limit of 3 s" in ex["toy.add"].message
+    assert ex["toy.add"].duration_s < 10
+    assert ex["toy.mul"].status == "passed"
+
+
+def test_a_hang_that_swallows_the_interrupt_gets_a_fresh_kernel(tmp_path):
+    stubborn = ("while True:\n    try:\n        __import__('time').sleep(1)\n"
+                "    except KeyboardInterrupt:\n        pass\n")
+    ex, _ = grade(submit(tmp_path, add=stubborn + ADD, mul=MUL), timeout=3)
+    assert ex["toy.add"].status == "timeout" and "replaced" in ex["toy.add"].message
+    assert ex["toy.mul"].status == "passed"
+
+
+def test_a_dead_kernel_costs_only_its_exercise(tmp_path):
+    ex, result = grade(submit(tmp_path, add="import os\nos._exit(1)", mul=MUL))
+    assert ex["toy.add"].status == "crashed" and "kernel died" in ex["toy.add"].message
+    assert ex["toy.mul"].status == "passed"
+    assert result.score == 2
+
+
+def test_a_crash_in_a_later_exercise_keeps_the_earlier_verdicts(tmp_path):
+    ex, _ = grade(submit(tmp_path, add=ADD, mul="import os\nos._exit(3)"))
+    assert ex["toy.add"].status == "passed" and ex["toy.mul"].status == "crashed"
+
+
+def test_a_missing_answer_cell_is_a_clear_per_exercise_error(tmp_path):
+    nb = copy.deepcopy(RELEASE)
+    nb.cells = [c for c in nb.cells if not (notebook.role(c) == "answer"
+                                            and notebook.exercise_of(c) == "toy.add")]
+    path = tmp_path / "missing.ipynb"
+    notebook.write(nb, path)
+    ex, result = grade(path)
+    assert ex["toy.add"].status == "error"
+    assert "No answer cell for toy.add" in ex["toy.add"].message
+    assert "`add` is not defined" in ex["toy.add"].message
+    assert "no answer cell for toy.add" in result.notes
+
+
+def test_an_unreadable_notebook_still_writes_a_result(tmp_path):
+    path = tmp_path / "90_toy.ipynb"
+    path.write_text("{ not json")
+    ex, result = grade(path)
+    assert result.error and "not a readable Jupyter notebook" in result.error
+    assert result.lab == "toy" and result.score == 0  # the file name still says which lab
+    assert all(e.status == "error" and "not graded" in e.message for e in ex.values())
+    assert set(ex) == {"toy.add", "toy.mul", "toy.gpu"}
+
+
+def test_cli_exit_codes(tmp_path, capsys):
+    good = submit(tmp_path, add=ADD, mul=MUL)
+    assert main(["grade", str(good), "--out", str(tmp_path / "o"), "--device", "cpu"]) == 0
+    assert "toy.add" in capsys.readouterr().out
+    bad = tmp_path / "broken.ipynb"
+    bad.write_text("[]")
+    assert main(["grade", str(bad), "--out", str(tmp_path / "o"), "--device", "cpu"]) == 1
+    assert (tmp_path / "o" / "broken.json").is_file()
+    assert main(["grade", str(tmp_path / "nope.ipynb"), "--out", str(tmp_path / "o")]) == 2
+    assert "no such file" in capsys.readouterr().err

@@ -111,16 +111,14 @@ class Verdict:
         return asdict(self)
 
 
-_OWN_DIRS = tuple(str(Path(m.__file__).resolve().parent) for m in [importlib.import_module("grader")])
-
-
 def _learner_location(exc: BaseException) -> str:
-    """' (line N of your code)' for the innermost traceback frame outside grader/ and labs/."""
+    """' (line N of your code)' for the innermost traceback frame that is the learner's: not in
+    the grader, a lab's checks, or an installed library."""
     import labs
 
-    own = _OWN_DIRS + (str(Path(labs.__file__).resolve().parent),)
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(own)]
-    frames = [f for f in frames if "site-packages" not in f.filename and "/lib/python" not in f.filename]
+    own = (str(Path(__file__).resolve().parent), *labs.__path__)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith(own) and "/lib/python" not in f.filename]
     if not frames:
         return ""
     return f" (line {frames[-1].lineno} of your code)"

@@ -17,6 +17,7 @@ from typing import Callable
 
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode
+from traitlets.config import Config
 from papermill.clientwrap import PapermillNotebookClient
 from papermill.engines import Engine, papermill_engines
 
@@ -112,7 +113,9 @@ class GraderEngine(Engine):
             nb_man, kernel_name=kernel_name, allow_errors=True, startup_timeout=start_timeout,
             shutdown_kernel="immediate", interrupt_on_timeout=True,
             error_on_timeout={"ename": TIMEOUT_ENAME, "evalue": "time limit", "traceback": []},
-            iopub_timeout=INTERRUPT_GRACE, on_cell_error=on_cell_error)
+            iopub_timeout=INTERRUPT_GRACE, on_cell_error=on_cell_error,
+            # local IPC sockets (in the run's temporary working folder), not TCP on localhost
+            config=Config(KernelManager={"transport": "ipc"}))
         todo = parts(nb_man.nb)
         done, lost = 0, set()
         while done < len(todo):

@@ -11,15 +11,16 @@ from pathlib import Path
 
 import pytest
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+# The course root comes first so that `import labs` finds the real (regular) package, which
+# then extends itself with tests/fixtures/labs; kernels started by the grader inherit this.
 sys.path.insert(0, str(FIXTURES))
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FIXTURES), os.environ.get("PYTHONPATH")]))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    filter(None, [str(ROOT), str(FIXTURES), os.environ.get("PYTHONPATH")]))
 
 from grader import notebook
 from grader.labs import load_lab
-
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def load_answer(exercise_id: str, source: str = "solutions"):
     """The object the answer cell of ``exercise_id`` binds, executed from ``source``

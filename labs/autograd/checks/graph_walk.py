@@ -1,0 +1,294 @@
+"""Checks of ``autograd.graph-walk``: the learner's ``walk_graph(output)`` against torch's own graph.
+
+The oracle is the graph the forward pass recorded: every expectation is read from
+``grad_fn`` / ``next_functions`` / ``AccumulateGrad.variable`` of graphs built here from seeded
+random inputs. :func:`random_graph` is shared with the engine's checks.
+"""
+from __future__ import annotations
+
+import functools
+from collections import Counter
+
+from grader.checks import CheckFailure, check
+
+EXERCISE = "autograd.graph-walk"
+_KEYS = ("nodes", "edges", "leaves")
+
+
+# --------------------------------------------------------------------------- graphs to walk
+
+
+def _ri(g, lo: int, hi: int) -> int:
+    """A seeded integer in [lo, hi]."""
+    import torch
+
+    return int(torch.randint(lo, hi + 1, (1,), generator=g))
+
+
+def _twice_function():
+    """A tiny custom autograd.Function (its node is a Python ``...Backward`` node)."""
+    import torch
+
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * 2
+
+    return Twice
+
+
+def random_graph(g, n_ops: int = 20, *, custom_function: bool = False):
+    """A seeded random DAG of float64 vector ops with fan-out, reuse, constants and splits.
+
+    Returns ``(leaves, output)``: the leaves that require grad (some may end up unused) and a
+    non-leaf output (a vector, summed to a scalar half of the time). ``custom_function`` mixes in
+    a custom ``autograd.Function`` node (not callable as ``node(*grads)``: walk-only graphs).
+    """
+    import torch
+
+    n = _ri(g, 1, 5)
+    leaves = [torch.randn(n, generator=g, dtype=torch.float64).requires_grad_() for _ in range(_ri(g, 2, 4))]
+    consts = [torch.randn(n, generator=g, dtype=torch.float64) for _ in range(2)]
+    pool = list(leaves) + consts
+    twice = _twice_function() if custom_function else None
+
+    def pick():
+        if _ri(g, 0, 2) == 0:                      # anything made so far: fan-out and reuse
+            return pool[_ri(g, 0, len(pool) - 1)]
+        return pool[max(0, len(pool) - 1 - _ri(g, 0, 3))]   # something recent: depth
+
+    for _ in range(n_ops):
+        kind, a, b = _ri(g, 0, 10), pick(), pick()
+        if kind == 0:
+            new = [torch.mul(a, b)]
+        elif kind == 1:
+            new = [torch.add(a, b)]
+        elif kind == 2:
+            new = [torch.tanh(a)]
+        elif kind == 3:
+            new = [torch.mul(torch.sin(a), a)]
+        elif kind == 4:
+            new = [torch.mul(a, a)]                 # the same tensor twice: two equal edges
+        elif kind == 5:
+            new = [torch.sub(a, b)]
+        elif kind == 6:
+            new = [torch.mul(a, consts[_ri(g, 0, 1)])]   # an input without grad: a None edge
+        elif kind == 7:                                 # a multi-output node, outputs used or not
+            parts = torch.split(torch.cat([a, b]), n)
+            new = [p for p, keep in zip(parts, (_ri(g, 0, 1), 1)) if keep]
+        elif kind == 8:
+            new = [torch.sum(torch.stack([a, b, a]), 0)]
+        elif kind == 9 and twice is not None:
+            new = [twice.apply(a)]
+        else:
+            new = [torch.mul(torch.sigmoid(a), b)]
+        pool.extend(t for t in new if t.requires_grad)
+    made = [t for t in pool if t.grad_fn is not None]
+    if not made:
+        made = [torch.mul(leaves[0], leaves[-1])]
+    picked = made[-_ri(g, 1, min(4, len(made))):]
+    if _ri(g, 0, 2) == 0 and len(made) > len(picked):
+        picked.append(made[_ri(g, 0, len(made) - 1)])
+    out = functools.reduce(torch.add, picked)
+    if _ri(g, 0, 1):
+        out = torch.sum(out)
+    return leaves, out
+
+
+def mlp(g):
+    """A two-layer perceptron with hand-made parameters: (params, loss)."""
+    import torch
+
+    x = torch.randn(5, 3, generator=g)
+    w1 = (torch.randn(4, 3, generator=g) * 0.5).requires_grad_()
+    b1 = torch.randn(4, generator=g).requires_grad_()
+    w2 = (torch.randn(2, 4, generator=g) * 0.5).requires_grad_()
+    b2 = torch.randn(2, generator=g).requires_grad_()
+    hidden = torch.tanh(x @ w1.T + b1)
+    loss = ((hidden @ w2.T + b2) ** 2).mean()
+    return [w1, b1, w2, b2], loss
+
+
+# --------------------------------------------------------------------------- the oracle
+
+
+def torch_graph(output):
+    """(nodes, edges, leaves) of torch's graph behind ``output``, read iteratively."""
+    root = output.grad_fn
+    nodes, edges, leaves, seen, stack = [], [], [], {id(root)}, [root]
+    while stack:
+        node = stack.pop()
+        nodes.append(node)
+        if hasattr(node, "variable"):
+            leaves.append(node.variable)
+        for nxt, input_nr in node.next_functions:
+            if nxt is None:
+                continue
+            edges.append((node, nxt, input_nr))
+            if id(nxt) not in seen:
+                seen.add(id(nxt))
+                stack.append(nxt)
+    return nodes, edges, leaves
+
+
+def describe(node) -> str:
+    """A node as a learner can find it: its type, and its sequence number or its leaf's shape."""
+    if node is None:
+        return "None"
+    if hasattr(node, "variable"):
+        return f"AccumulateGrad (of a leaf of shape {tuple(node.variable.shape)})"
+    try:
+        return f"{type(node).__name__} (_sequence_nr() {node._sequence_nr()})"
+    except Exception:
+        return repr(node)
+
+
+def _compare(walk_graph, output, where: str) -> None:
+    """Run the answer on ``output`` and compare with torch's graph; raise CheckFailure on a miss."""
+    nodes, edges, leaves = torch_graph(output)
+    try:
+        got = walk_graph(output)
+    except RecursionError:
+        raise CheckFailure(
+            f"on {where}, your walk hit Python's recursion limit. Backward graphs can be thousands "
+            "of nodes deep; walk them with an explicit stack (a list you push to and pop from), "
+            "as Engine::compute_dependencies does.") from None
+    if not isinstance(got, dict) or any(k not in got for k in _KEYS):
+        raise CheckFailure(f"walk_graph must return a dict with keys {list(_KEYS)}; got "
+                           f"{type(got).__name__}{' with keys ' + str(list(got)) if isinstance(got, dict) else ''}.")
+    g_nodes, g_edges, g_leaves = (list(got[k]) for k in _KEYS)
+
+    # nodes: each distinct node once, sorted by _sequence_nr() descending
+    if any(n is None for n in g_nodes):
+        raise CheckFailure(f"on {where}, 'nodes' contains None. A (None, 0) entry of next_functions "
+                           "means that input does not require grad: there is no node there; skip it.")
+    counts = Counter(id(n) for n in g_nodes)
+    dup = next((n for n in g_nodes if counts[id(n)] > 1), None)
+    if dup is not None:
+        raise CheckFailure(
+            f"on {where}, {describe(dup)} appears {counts[id(dup)]} times in 'nodes'. A node reached "
+            "along several paths is still one node: keep a visited set keyed by the node object itself "
+            "(two different nodes can share a name, so don't key by name()).")
+    want = {id(n): n for n in nodes}
+    missing = [n for n in nodes if id(n) not in counts]
+    if missing:
+        kinds = Counter(type(n).__name__ for n in missing)
+        raise CheckFailure(
+            f"on {where}, 'nodes' misses {len(missing)} of the {len(nodes)} reachable nodes "
+            f"({', '.join(f'{v}x {k}' for k, v in kinds.most_common(4))}), e.g. {describe(missing[0])}. "
+            "Follow every non-None entry of next_functions, down to and including the leaves' "
+            "AccumulateGrad nodes, and don't merge distinct nodes that share a name.")
+    extra = [n for n in g_nodes if id(n) not in want]
+    if extra:
+        raise CheckFailure(f"on {where}, 'nodes' contains {describe(extra[0])}, which is not reachable "
+                           "from output.grad_fn through next_functions.")
+    seqs = [n._sequence_nr() for n in g_nodes]
+    bad = next((i for i in range(len(seqs) - 1) if seqs[i] < seqs[i + 1]), None)
+    if bad is not None:
+        raise CheckFailure(
+            f"on {where}, 'nodes' is not sorted by _sequence_nr() from highest to lowest: "
+            f"{describe(g_nodes[bad])} comes before {describe(g_nodes[bad + 1])}.")
+
+    # edges: one per non-None next_functions entry, duplicates kept
+    try:
+        got_edges = Counter((id(s), id(d), int(nr)) for s, d, nr in g_edges)
+    except (TypeError, ValueError):
+        raise CheckFailure("'edges' must be a list of (node, next_node, input_nr) triples.") from None
+    want_edges = Counter((id(s), id(d), nr) for s, d, nr in edges)
+    if got_edges != want_edges:
+        by_key = {(id(s), id(d), nr): (s, d, nr) for s, d, nr in edges}
+        lacking = want_edges - got_edges
+        surplus = got_edges - want_edges
+        if lacking:
+            key = next(iter(lacking))
+            s, d, nr = by_key[key]
+            times = want_edges[key]
+            raise CheckFailure(
+                f"on {where}, 'edges' has the edge {describe(s)} -> {describe(d)} with input_nr {nr} "
+                f"{got_edges.get(key, 0)} time(s), but next_functions lists it {times} time(s). Keep one "
+                "edge per non-None next_functions entry, duplicates included (x * x has two equal edges).")
+        key = next(iter(surplus))
+        if key[1] == id(None):
+            raise CheckFailure(f"on {where}, 'edges' contains an edge to None: skip (None, 0) entries.")
+        raise CheckFailure(
+            f"on {where}, 'edges' has {sum(surplus.values())} edge(s) that torch's graph does not, or "
+            "with a different input_nr; input_nr is the second element of each next_functions pair.")
+
+    # leaves: the .variable of each AccumulateGrad, once each
+    if any(not hasattr(t, "requires_grad") for t in g_leaves):
+        raise CheckFailure("'leaves' must hold the leaf tensors themselves (AccumulateGrad.variable).")
+    got_leaves = Counter(id(t) for t in g_leaves)
+    if any(c > 1 for c in got_leaves.values()):
+        raise CheckFailure(f"on {where}, a leaf appears more than once in 'leaves'; list each leaf once.")
+    if set(got_leaves) != {id(t) for t in leaves}:
+        raise CheckFailure(
+            f"on {where}, 'leaves' holds {len(got_leaves)} tensors but {len(leaves)} leaves are reachable. "
+            "A leaf is reached through its AccumulateGrad node; its .variable is the leaf tensor itself.")
+
+
+# --------------------------------------------------------------------------- checks
+
+
+@check(EXERCISE)
+def small_mlp(walk_graph, ctx):
+    """matches torch's graph for a two-layer perceptron's loss"""
+    _, loss = mlp(ctx.generator(0))
+    _compare(walk_graph, loss, "the MLP loss ((tanh(x @ w1.T + b1) @ w2.T + b2) ** 2).mean()")
+
+
+@check(EXERCISE)
+def shared_subexpression(walk_graph, ctx):
+    """one node per subexpression, however many paths reach it; x * x gives two edges"""
+    import torch
+
+    g = ctx.generator(1)
+    x = torch.randn(3, generator=g).requires_grad_()
+    w = torch.randn(3, generator=g).requires_grad_()
+    c = torch.randn(3, generator=g)
+    h = x * w
+    out = (h.sin() + h * c + x * x).sum()
+    _compare(walk_graph, out, "(h.sin() + h * c + x * x).sum() with h = x * w and c constant")
+
+
+@check(EXERCISE, hidden=True)
+def random_graphs(walk_graph, ctx):
+    """matches torch's graph on seeded random DAGs with fan-out, reuse and split outputs"""
+    g = ctx.generator(2)
+    for i in range(6):
+        n_ops = _ri(g, 3, 30)
+        _, out = random_graph(g, n_ops, custom_function=bool(i % 2))
+        _compare(walk_graph, out, f"random graph #{i} ({n_ops} ops, seed {ctx.seed})")
+
+
+@check(EXERCISE, hidden=True)
+def edge_cases(walk_graph, ctx):
+    """a 0-d leaf, leaves used along many paths, a split, no-grad inputs, a two-node graph"""
+    import torch
+
+    g = ctx.generator(3)
+    s = torch.randn((), generator=g).requires_grad_()
+    m = torch.randn(2, 3, generator=g).requires_grad_()
+    k = torch.randn(3, 2, generator=g)
+    y = (m * s) @ k @ (m * s)             # the same leaves reached along four paths
+    parts = torch.cat([y.flatten(), m.flatten()]).split(3)
+    root = parts[_ri(g, 0, len(parts) - 1)] * s * s
+    _compare(walk_graph, root, "a graph built from a 0-d leaf s, a 2x3 leaf m and a split")
+    lone = torch.randn(4, generator=g).requires_grad_()
+    _compare(walk_graph, lone.exp(), "lone.exp() for a leaf `lone` (two nodes, one edge)")
+
+
+@check(EXERCISE, hidden=True)
+def deep_chain(walk_graph, ctx):
+    """handles a chain of thousands of ops without recursion"""
+    import torch
+
+    g = ctx.generator(4)
+    x = torch.randn(2, generator=g, dtype=torch.float64).requires_grad_()
+    y = x
+    for i in range(4000 + _ri(g, 0, 500)):
+        y = y * 0.999 if i % 2 else y + x
+    _compare(walk_graph, y, "a chain of about 4000 ops")

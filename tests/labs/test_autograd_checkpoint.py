@@ -1,0 +1,95 @@
+"""autograd.checkpoint: the reference passes, the stub is reported as the stub, and plausible
+wrong answers fail (called directly through run_checks: milliseconds)."""
+import pytest
+import torch
+
+from grader.checks import run_checks
+
+EX = "autograd.checkpoint"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_reference_passes_public_and_hidden_checks(reference, seed):
+    v = run_checks(EX, reference(EX), seed=seed, hidden=True)
+    assert v.status == "passed", v.message
+
+
+def test_stub_is_reported_as_not_implemented(stub):
+    v = run_checks(EX, stub(EX), seed=0, hidden=True)
+    assert v.status == "error" and "NotImplementedError" in v.message
+
+
+def test_reference_leaves_the_global_rng_alone(reference):
+    state = torch.get_rng_state()
+    run_checks(EX, reference(EX), seed=3, hidden=True)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+# ------------------------------------------------------------------ plausible wrong answers
+def _make(*, save_output=False, restore_rng=True, fork=True, grad_wrt_inputs_only=False):
+    """A checkpoint with one deliberate flaw."""
+    def checkpoint(fn, *args):
+        class Ckpt(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, fn, *args):
+                ctx.fn, ctx.rng = fn, torch.get_rng_state()
+                ctx.pos = [i for i, a in enumerate(args) if torch.is_tensor(a)]
+                ctx.others = [None if torch.is_tensor(a) else a for a in args]
+                out = fn(*args)
+                ctx.save_for_backward(*(args[i] for i in ctx.pos), *((out,) if save_output else ()))
+                return out
+
+            @staticmethod
+            def backward(ctx, grad_out):
+                args = list(ctx.others)
+                for i, t in zip(ctx.pos, ctx.saved_tensors):
+                    args[i] = t.detach().requires_grad_(t.requires_grad)
+                with torch.random.fork_rng(devices=[], enabled=fork):
+                    if restore_rng:
+                        torch.set_rng_state(ctx.rng)
+                    with torch.enable_grad():
+                        out = ctx.fn(*args)
+                if grad_wrt_inputs_only:
+                    wanted = [a for a in args if torch.is_tensor(a) and a.requires_grad]
+                    got = iter(torch.autograd.grad(out, wanted, grad_out))
+                    return (None, *(next(got) if torch.is_tensor(a) and a.requires_grad else None
+                                    for a in args))
+                torch.autograd.backward(out, grad_out)
+                return (None, *(a.grad if torch.is_tensor(a) else None for a in args))
+        return Ckpt.apply(fn, *args)
+    return checkpoint
+
+
+def keeps_the_graph(fn, *args):
+    """Runs fn with grad enabled in forward and back-propagates through that graph: no recompute,
+    every activation saved."""
+    class Keep(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, fn, *args):
+            ctx.args = [a.detach().requires_grad_(a.requires_grad) if torch.is_tensor(a) else a
+                        for a in args]
+            with torch.enable_grad():
+                ctx.out = fn(*ctx.args)
+            return ctx.out.detach()
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            torch.autograd.backward(ctx.out, grad_out)
+            return (None, *(a.grad if torch.is_tensor(a) else None for a in ctx.args))
+    return Keep.apply(fn, *args)
+
+
+WRONG = {
+    "saves inputs and the output": _make(save_output=True),
+    "does not restore the RNG state": _make(restore_rng=False),
+    "restores the RNG state without fork_rng": _make(fork=False),
+    "autograd.grad w.r.t. the inputs only (parameters get no grad)": _make(grad_wrt_inputs_only=True),
+    "keeps the forward graph instead of recomputing": keeps_the_graph,
+    "no checkpointing at all": lambda fn, *args: fn(*args),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG))
+def test_wrong_answers_fail(name):
+    v = run_checks(EX, WRONG[name], seed=0, hidden=True)
+    assert v.status in ("failed", "error"), f"{name!r} passed: {v.message}"

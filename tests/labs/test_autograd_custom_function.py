@@ -1,0 +1,140 @@
+"""autograd.custom-function: the reference passes, the stub is reported as the stub, and plausible
+wrong Softplus Functions fail (called directly through run_checks: milliseconds)."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from grader.checks import run_checks
+
+EX = "autograd.custom-function"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_reference_passes_public_and_hidden_checks(reference, seed):
+    v = run_checks(EX, reference(EX), seed=seed, hidden=True)
+    assert v.status == "passed", v.message
+
+
+def test_stub_is_reported_as_not_implemented(stub):
+    v = run_checks(EX, stub(EX), seed=0, hidden=True)
+    assert v.status == "error" and "NotImplementedError" in v.message
+
+
+def test_reference_leaves_the_global_rng_alone(reference):
+    state = torch.get_rng_state()
+    run_checks(EX, reference(EX), seed=3, hidden=True)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+# ------------------------------------------------------------------ plausible wrong answers
+def _stable(x, beta):
+    z = x * beta
+    return (z.clamp(min=0) + torch.log1p(torch.exp(-z.abs()))) / beta
+
+
+class NaiveForward(torch.autograd.Function):
+    """log(1 + exp(beta x)) / beta, literally: overflows."""
+
+    @staticmethod
+    def forward(ctx, x, beta=1.0):
+        ctx.beta = beta
+        ctx.save_for_backward(x)
+        return torch.log(1 + torch.exp(beta * x)) / beta
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved_tensors
+        return grad_out * torch.sigmoid(ctx.beta * x), None
+
+
+class OnceDifferentiable(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, beta=1.0):
+        ctx.beta = beta
+        ctx.save_for_backward(x)
+        return _stable(x, beta)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved_tensors
+        return grad_out * torch.sigmoid(ctx.beta * x), None
+
+
+class DetachedBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, beta=1.0):
+        ctx.beta = beta
+        ctx.save_for_backward(x)
+        return _stable(x, beta)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved_tensors
+        return grad_out * torch.sigmoid(ctx.beta * x.detach()), None
+
+
+class NaiveSigmoid(torch.autograd.Function):
+    """Stable forward, but sigmoid written as exp(z) / (1 + exp(z)): nan for large z."""
+
+    @staticmethod
+    def forward(ctx, x, beta=1.0):
+        ctx.beta = beta
+        ctx.save_for_backward(x)
+        return _stable(x, beta)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved_tensors
+        e = torch.exp(ctx.beta * x)
+        return grad_out * e / (1 + e), None
+
+
+class ForgetsBeta(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, beta=1.0):
+        ctx.save_for_backward(x)
+        return _stable(x, beta)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved_tensors
+        return grad_out * torch.sigmoid(x), None
+
+
+class SavesOnCtx(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, beta=1.0):
+        ctx.beta, ctx.x = beta, x
+        return _stable(x, beta)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return grad_out * torch.sigmoid(ctx.beta * ctx.x), None
+
+
+class JustFSoftplus(torch.autograd.Function):
+    """Not a custom node at all: apply is F.softplus."""
+
+    apply = staticmethod(F.softplus)
+
+
+WRONG = {
+    "naive forward overflows": (NaiveForward, "overflows"),
+    "@once_differentiable backward": (OnceDifferentiable, "differentiate"),
+    "backward detaches": (DetachedBackward, "differentiated again"),
+    "naive sigmoid in backward": (NaiveSigmoid, "sigmoid"),
+    "gradient forgets beta": (ForgetsBeta, "gradcheck"),
+    "tensor stored as a ctx attribute": (SavesOnCtx, "save_for_backward"),
+    "F.softplus instead of a custom node": (JustFSoftplus, "grad_fn"),
+    "a function, not a Function class": (lambda x, beta: F.softplus(x, beta), "torch.autograd.Function"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG))
+def test_plausible_wrong_answers_fail(name):
+    answer, phrase = WRONG[name]
+    v = run_checks(EX, answer, seed=0, hidden=True)
+    assert v.status in ("failed", "error"), (name, v.message)
+    assert phrase in v.message, (name, v.message)

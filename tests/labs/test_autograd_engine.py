@@ -1,0 +1,205 @@
+"""autograd.engine: the reference passes, the stub is reported as the stub, and plausible wrong
+engines fail (called directly through run_checks: milliseconds)."""
+import collections
+import heapq
+import itertools
+
+import pytest
+import torch
+
+from grader.checks import run_checks
+
+EX = "autograd.engine"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_reference_passes_public_and_hidden_checks(reference, seed):
+    v = run_checks(EX, reference(EX), seed=seed, hidden=True)
+    assert v.status == "passed", v.message
+
+
+def test_stub_is_reported_as_not_implemented(stub):
+    v = run_checks(EX, stub(EX), seed=0, hidden=True)
+    assert v.status == "error" and "NotImplementedError" in v.message
+
+
+def test_reference_leaves_the_global_rng_alone(reference):
+    state = torch.get_rng_state()
+    run_checks(EX, reference(EX), seed=3, hidden=True)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+# ------------------------------------------------------------------ plausible wrong answers
+def _fit(grad, node, input_nr):
+    meta = node._input_metadata[input_nr]
+    if tuple(grad.shape) != tuple(meta.shape):
+        grad = grad.sum_to_size(meta.shape)
+    return grad.to(meta.dtype)
+
+
+def _engine(*, accumulate="add", queue="heap", root_slot=True, fit=True,
+            no_grad=True, call_accumulate_grad=False):
+    """A dependency-counting engine with one deliberate flaw, chosen by the keywords."""
+    def run_backward(output, grad_output=None):
+        if grad_output is None:
+            grad_output = torch.ones_like(output)
+        root = output.grad_fn
+        deps, seen, stack = collections.Counter(), {root}, [root]
+        while stack:
+            node = stack.pop()
+            for nxt, _ in node.next_functions:
+                if nxt is not None:
+                    deps[nxt] += 1
+                    if nxt not in seen:
+                        seen.add(nxt)
+                        stack.append(nxt)
+        buffers = {root: [None] * len(root._input_metadata)}
+        buffers[root][output.output_nr if root_slot else 0] = grad_output
+        tie = itertools.count()
+        ready = [(-root._sequence_nr(), next(tie), root)]
+        grads = {}
+
+        def put(slots, i, g):
+            if slots[i] is None or accumulate == "overwrite":
+                slots[i] = g
+            elif accumulate == "inplace":
+                slots[i] += g
+            else:
+                slots[i] = slots[i] + g
+
+        def pop():
+            if queue == "heap":
+                return heapq.heappop(ready)[2]
+            return ready.pop(0)[2] if queue == "fifo" else ready.pop()[2]
+
+        def push(node):
+            if queue == "heap":
+                heapq.heappush(ready, (-node._sequence_nr(), next(tie), node))
+            else:
+                ready.append((None, None, node))
+
+        mode = torch.no_grad() if no_grad else torch.enable_grad()
+        with mode:
+            while ready:
+                node = pop()
+                outs = node(*buffers.pop(node))
+                outs = outs if isinstance(outs, tuple) else (outs,)
+                for (nxt, nr), g in zip(node.next_functions, outs):
+                    if nxt is None:
+                        continue
+                    if g is not None and fit:
+                        g = _fit(g, nxt, nr)
+                    if hasattr(nxt, "variable"):
+                        if g is not None:
+                            if call_accumulate_grad:
+                                nxt(g)
+                            leaf = [nxt.variable]
+                            slot = [grads.get(nxt.variable)]
+                            put(slot, 0, g)
+                            grads[leaf[0]] = slot[0]
+                        continue
+                    slots = buffers.setdefault(nxt, [None] * len(nxt._input_metadata))
+                    if g is not None:
+                        put(slots, nr, g)
+                    deps[nxt] -= 1
+                    if deps[nxt] == 0:
+                        push(nxt)
+        return grads
+    return run_backward
+
+
+def _eager_engine(output, grad_output=None):
+    """No dependency counting: a node runs again for every gradient that reaches it."""
+    grad_output = torch.ones_like(output) if grad_output is None else grad_output
+    root = output.grad_fn
+    slots = [None] * len(root._input_metadata)
+    slots[output.output_nr] = grad_output
+    tasks, grads = [(root, slots)], {}
+    with torch.no_grad():
+        while tasks:
+            node, slots = tasks.pop()
+            outs = node(*slots)
+            outs = outs if isinstance(outs, tuple) else (outs,)
+            for (nxt, nr), g in zip(node.next_functions, outs):
+                if nxt is None or g is None:
+                    continue
+                g = _fit(g, nxt, nr)
+                if hasattr(nxt, "variable"):
+                    grads[nxt.variable] = grads[nxt.variable] + g if nxt.variable in grads else g
+                    continue
+                slots = [None] * len(nxt._input_metadata)
+                slots[nr] = g
+                tasks.append((nxt, slots))
+    return grads
+
+
+def _first_come_engine(output, grad_output=None):
+    """No dependency counting: each node runs once, as soon as the first gradient reaches it."""
+    grad_output = torch.ones_like(output) if grad_output is None else grad_output
+    root = output.grad_fn
+    buffers = {root: [None] * len(root._input_metadata)}
+    buffers[root][output.output_nr] = grad_output
+    queue, done, grads = [root], set(), {}
+    with torch.no_grad():
+        while queue:
+            node = queue.pop(0)
+            if node in done:
+                continue
+            done.add(node)
+            outs = node(*buffers[node])
+            outs = outs if isinstance(outs, tuple) else (outs,)
+            for (nxt, nr), g in zip(node.next_functions, outs):
+                if nxt is None or g is None:
+                    continue
+                g = _fit(g, nxt, nr)
+                if hasattr(nxt, "variable"):
+                    grads[nxt.variable] = grads[nxt.variable] + g if nxt.variable in grads else g
+                    continue
+                slots = buffers.setdefault(nxt, [None] * len(nxt._input_metadata))
+                slots[nr] = g if slots[nr] is None else slots[nr] + g
+                queue.append(nxt)
+    return grads
+
+
+def _torch_engine(output, grad_output=None):
+    """Lets torch do the work."""
+    leaves = []
+    stack, seen = [output.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if hasattr(node, "variable"):
+            leaves.append(node.variable)
+        for nxt, _ in node.next_functions:
+            if nxt is not None and nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return dict(zip(leaves, torch.autograd.grad(output, leaves, grad_output)))
+
+
+def _ids_as_keys(output, grad_output=None):
+    grads = _engine()(output, grad_output)
+    return {id(k): v for k, v in grads.items()}
+
+
+WRONG = {
+    "overwrites fan-out gradients": (_engine(accumulate="overwrite"), "differs"),
+    "no dependency counting (runs a node per incoming gradient)": (_eager_engine, "time(s)"),
+    "no dependency counting (runs a node at first arrival)": (_first_come_engine, "order"),
+    "FIFO ready queue": (_engine(queue="fifo"), "order"),
+    "LIFO ready queue": (_engine(queue="lifo"), "order"),
+    "accumulates in place": (_engine(accumulate="inplace"), "RuntimeError"),
+    "root gradient always in slot 0": (_engine(root_slot=False), "output_nr"),
+    "no validate_outputs (broadcast gradients kept)": (_engine(fit=False), "sum_to_size"),
+    "runs nodes with grad mode on": (_engine(no_grad=False), "no_grad"),
+    "calls AccumulateGrad": (_engine(call_accumulate_grad=True), "AccumulateGrad"),
+    "uses torch's engine": (_torch_engine, "torch's own engine"),
+    "keys by id()": (_ids_as_keys, "keys"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG))
+def test_plausible_wrong_answers_fail(name):
+    answer, phrase = WRONG[name]
+    v = run_checks(EX, answer, seed=0, hidden=True)
+    assert v.status in ("failed", "error"), (name, v.message)
+    assert phrase in v.message, (name, v.message)

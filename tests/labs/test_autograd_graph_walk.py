@@ -1,0 +1,95 @@
+"""autograd.graph-walk: the reference passes, the stub is reported as the stub, and plausible
+wrong walks fail (called directly through run_checks: milliseconds)."""
+import pytest
+import torch
+
+from grader.checks import run_checks
+
+EX = "autograd.graph-walk"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_reference_passes_public_and_hidden_checks(reference, seed):
+    v = run_checks(EX, reference(EX), seed=seed, hidden=True)
+    assert v.status == "passed", v.message
+
+
+def test_stub_is_reported_as_not_implemented(stub):
+    v = run_checks(EX, stub(EX), seed=0, hidden=True)
+    assert v.status == "error" and "NotImplementedError" in v.message
+
+
+def test_reference_leaves_the_global_rng_alone(reference):
+    state = torch.get_rng_state()
+    run_checks(EX, reference(EX), seed=3, hidden=True)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+# ------------------------------------------------------------------ plausible wrong answers
+def _walk(*, dedup="identity", keep_dup_edges=True, into_leaves=True, sort=True, skip_none=True):
+    """An iterative walk with one deliberate flaw, chosen by the keywords."""
+    def walk_graph(output):
+        root = output.grad_fn
+        nodes, edges = [], []
+        key = (lambda n: n.name()) if dedup == "name" else (lambda n: n)
+        seen, stack = {key(root)}, [root]
+        while stack:
+            node = stack.pop()
+            nodes.append(node)
+            for nxt, nr in node.next_functions:
+                if nxt is None and skip_none:
+                    continue
+                if not into_leaves and hasattr(nxt, "variable"):
+                    continue
+                edges.append((node, nxt, nr))
+                if nxt is None:
+                    continue
+                if dedup is None or key(nxt) not in seen:
+                    seen.add(key(nxt))
+                    stack.append(nxt)
+        if sort:
+            nodes.sort(key=lambda n: n._sequence_nr(), reverse=True)
+        if not keep_dup_edges:
+            edges = list({(id(a), id(b), nr): (a, b, nr) for a, b, nr in edges}.values())
+        return {"nodes": nodes, "edges": edges,
+                "leaves": [n.variable for n in nodes if hasattr(n, "variable")]}
+    return walk_graph
+
+
+def _recursive_walk(output):
+    """Right answer, written recursively: fails on deep graphs."""
+    nodes, edges, seen = [], [], set()
+
+    def visit(node):
+        seen.add(node)
+        nodes.append(node)
+        for nxt, nr in node.next_functions:
+            if nxt is not None:
+                edges.append((node, nxt, nr))
+                if nxt not in seen:
+                    visit(nxt)
+
+    visit(output.grad_fn)
+    nodes.sort(key=lambda n: n._sequence_nr(), reverse=True)
+    return {"nodes": nodes, "edges": edges, "leaves": [n.variable for n in nodes if hasattr(n, "variable")]}
+
+
+WRONG = {
+    "no visited set (nodes repeated)": (_walk(dedup=None), "appears"),
+    "dedup by name()": (_walk(dedup="name"), "misses"),
+    "duplicate edges merged": (_walk(keep_dup_edges=False), "duplicates included"),
+    "stops before AccumulateGrad": (_walk(into_leaves=False), "AccumulateGrad"),
+    "not sorted by sequence number": (_walk(sort=False), "sorted"),
+    "None edges kept": (_walk(skip_none=False), "None"),
+    "recursive walk": (_recursive_walk, "recursion"),
+    "returns a list": (lambda output: [output.grad_fn], "dict"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG))
+def test_plausible_wrong_answers_fail(name):
+    answer, phrase = WRONG[name]
+    v = run_checks(EX, answer, seed=0, hidden=True)
+    assert v.status in ("failed", "error"), (name, v.message)
+    assert phrase in v.message, (name, v.message)
+    assert "def " not in v.message and "raise CheckFailure" not in v.message   # no check source leaked

@@ -11,28 +11,34 @@ STYLE = {"passed": "green", "failed": "red", "error": "red", "timeout": "yellow"
 
 
 def table(result: LabResult) -> Table:
-    """A per-exercise table with the score over the whole lab and over what could run."""
+    """A per-exercise table with the score over the whole lab and over what could run; the
+    messages of exercises that did not pass follow the table (see :func:`print_result`)."""
     env = result.environment
     t = Table(title=f"{result.lab} — {result.notebook}",
               caption=(f"score {result.score:g}/{result.max_score:g} "
                        f"(over what could run here: {result.score:g}/{result.runnable_max_score:g})"
                        f" · seed {env.seed} · {env.device} · torch {env.torch_version}"
                        f" · {result.duration_s:.1f} s"),
-              show_lines=True, expand=True)
+              expand=True)
     t.add_column("exercise", no_wrap=True)
+    t.add_column("title", ratio=1)
     t.add_column("status", no_wrap=True)
     t.add_column("points", justify="right", no_wrap=True)
     t.add_column("time", justify="right", no_wrap=True)
-    t.add_column("message", ratio=1)
     for e in result.exercises:
-        t.add_row(f"{e.id}\n[dim]{e.title}[/dim]", f"[{STYLE[e.status]}]{e.status}[/]",
-                  f"{e.points:g}/{e.max_points:g}", f"{e.duration_s:.1f} s", e.message)
+        t.add_row(e.id, e.title, f"[{STYLE[e.status]}]{e.status}[/]",
+                  f"{e.points:g}/{e.max_points:g}", f"{e.duration_s:.1f} s")
     return t
 
 
 def print_result(result: LabResult, console: Console) -> None:
-    """Print the table, then any notes and the grading error."""
+    """Print the table, what to fix for each exercise that did not pass, any notes and the
+    grading error."""
     console.print(table(result))
+    for e in result.exercises:
+        if e.status != "passed":
+            console.print(f"[{STYLE[e.status]}]{e.status}[/] [bold]{e.id}[/bold]: {e.message}",
+                          highlight=False)
     for note in result.notes:
         console.print(f"[dim]note:[/dim] {note}")
     if result.error:

@@ -5,7 +5,6 @@ import json
 import shutil
 
 import jsonschema
-import pytest
 
 from grader import notebook
 from grader.cli import main

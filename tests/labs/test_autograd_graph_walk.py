@@ -1,28 +1,10 @@
 """autograd.graph-walk: the reference passes, the stub is reported as the stub, and plausible
 wrong walks fail (called directly through run_checks: milliseconds)."""
 import pytest
-import torch
 
 from grader.checks import run_checks
 
 EX = "autograd.graph-walk"
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_reference_passes_public_and_hidden_checks(reference, seed):
-    v = run_checks(EX, reference(EX), seed=seed, hidden=True)
-    assert v.status == "passed", v.message
-
-
-def test_stub_is_reported_as_not_implemented(stub):
-    v = run_checks(EX, stub(EX), seed=0, hidden=True)
-    assert v.status == "error" and "NotImplementedError" in v.message
-
-
-def test_reference_leaves_the_global_rng_alone(reference):
-    state = torch.get_rng_state()
-    run_checks(EX, reference(EX), seed=3, hidden=True)
-    assert torch.equal(torch.get_rng_state(), state)
 
 
 # ------------------------------------------------------------------ plausible wrong answers

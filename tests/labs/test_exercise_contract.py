@@ -1,0 +1,37 @@
+"""What every exercise of every lab must show: the reference answer passes its public and hidden
+checks on several seeds, the released stub is reported as the stub, and the checks leave the
+global RNG alone. Each lab's tests/labs/test_<lab>_<slug>.py adds its plausible wrong answers."""
+import pytest
+import torch
+
+from grader.checks import run_checks
+from grader.labs import lab_ids, load_lab
+
+EXERCISES = [e.id for lab in lab_ids() if lab != "toy" for e in load_lab(lab).exercises]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("exercise", EXERCISES)
+def test_reference_passes_public_and_hidden_checks(reference, exercise, seed):
+    v = run_checks(exercise, reference(exercise), seed=seed, hidden=True)
+    assert v.status == "passed", v.message
+
+
+@pytest.mark.parametrize("exercise", EXERCISES)
+def test_stub_is_reported_as_the_stub(stub, exercise):
+    v = run_checks(exercise, stub(exercise), seed=0, hidden=True)
+    assert v.status == "error" and f"NotImplementedError: {exercise} is still the stub" in v.message
+
+
+@pytest.mark.parametrize("exercise", EXERCISES)
+def test_checks_leave_the_global_rng_alone(reference, exercise):
+    state = torch.get_rng_state()
+    run_checks(exercise, reference(exercise), seed=3, hidden=True)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+@pytest.mark.parametrize("exercise", EXERCISES)
+def test_every_exercise_has_tests_of_wrong_answers(exercise):
+    lab, slug = exercise.split(".", 1)
+    path = f"tests/labs/test_{lab}_{slug.replace('-', '_')}.py"
+    assert (load_lab(lab).root / path).is_file(), f"{path} is missing"

@@ -111,17 +111,22 @@ class Verdict:
         return asdict(self)
 
 
-def _learner_location(exc: BaseException) -> str:
-    """' (line N of your code)' for the innermost traceback frame that is the learner's: not in
-    the grader, a lab's checks, or an installed library."""
+def _blame(exc: BaseException, label: str) -> str:
+    """Say who raised ``exc``: the learner's code (with its line), or the check while it read the
+    answer (then the answer is probably not of the shape the exercise asks for). Frames of
+    installed libraries (torch, the standard library) are looked through."""
     import labs
 
     own = (str(Path(__file__).resolve().parent), *labs.__path__)
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not f.filename.startswith(own) and "/lib/python" not in f.filename]
-    if not frames:
-        return ""
-    return f" (line {frames[-1].lineno} of your code)"
+    what = f"{type(exc).__name__}: {exc}"
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if "/lib/python" in frame.filename:
+            continue
+        if frame.filename.startswith(own):
+            return (f"{label}: checking your answer raised {what}. Does your answer return what "
+                    "the exercise asks for (type, structure, shapes)?")
+        return f"{label}: your answer raised {what} (line {frame.lineno} of your code)"
+    return f"{label}: your answer raised {what}"
 
 
 def _clip(text: str) -> str:
@@ -141,15 +146,12 @@ def run_checks(exercise_id: str, answer: Any, *, seed: int = 0, device: str = "c
             chk.fn(answer, ctx)
         except (CheckFailure, AssertionError) as exc:
             return Verdict(exercise_id, "failed", _clip(f"{label} failed: {exc}"), done, len(checks), seed)
-        except NotImplementedError as exc:
-            if exc.args and exc.args[0] == exercise_id:
+        except Exception as exc:  # reported without the check's source
+            if isinstance(exc, NotImplementedError) and exc.args == (exercise_id,):
                 msg = (f"NotImplementedError: {exercise_id} is still the stub. Replace the "
                        f"`raise NotImplementedError(\"{exercise_id}\")` line with your answer.")
             else:
-                msg = f"{label}: your answer raised NotImplementedError: {exc}{_learner_location(exc)}"
-            return Verdict(exercise_id, "error", _clip(msg), done, len(checks), seed)
-        except Exception as exc:  # the answer's own error, reported without the check's source
-            msg = f"{label}: your answer raised {type(exc).__name__}: {exc}{_learner_location(exc)}"
+                msg = _blame(exc, label)
             return Verdict(exercise_id, "error", _clip(msg), done, len(checks), seed)
     return Verdict(exercise_id, "passed", f"{len(checks)}/{len(checks)} checks passed (seed {seed})",
                    len(checks), len(checks), seed)

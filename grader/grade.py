@@ -4,7 +4,6 @@ even when grading could not happen (then every exercise scores 0 with the reason
 from __future__ import annotations
 
 import secrets
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -35,27 +34,6 @@ def resolve_device(device: str) -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def unmet(requires: tuple[str, ...], device: str) -> str | None:
-    """Why an exercise with ``requires`` cannot run on ``device`` here, or None when it can."""
-    for need in requires:
-        if need == "cpu":
-            continue
-        if need.startswith("cuda"):
-            count = int(need.partition(">=")[2] or 1)
-            if device != "cuda":
-                return f"needs {need} (a CUDA GPU); this run's device is {device}"
-            import torch
-
-            if torch.cuda.device_count() < count:
-                return f"needs {need}; {torch.cuda.device_count()} CUDA device(s) visible"
-        elif need == "cxx":
-            if not (shutil.which("c++") or shutil.which("g++")):
-                return "needs a C++ compiler (c++ or g++ on PATH)"
-        else:
-            return f"unknown requirement {need!r} in the lab table"
-    return None
 
 
 def _message(ex: Exercise, outcome: Outcome, missing: bool) -> str:
@@ -105,7 +83,7 @@ def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int 
         result.write(out_dir / f"{path.stem}.json")
         return result
 
-    skipped = {e.id: r for e in lab.exercises if (r := unmet(e.requires, device))}
+    skipped = {e.id: r for e in lab.exercises if (r := e.unmet(device))}
     built = assemble(release, submission, lab, seed=seed, device=device, skipped=skipped)
     outcomes: dict[str, Outcome] = {}
 

@@ -5,6 +5,7 @@ requirements) and its checks in the module ``labs.<lab>.checks``.
 """
 from __future__ import annotations
 
+import shutil
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,26 @@ class Exercise:
     points: float
     requires: tuple[str, ...] = ("cpu",)
     timeout: float = 120.0
+
+    def unmet(self, device: str) -> str | None:
+        """Why this exercise cannot run on ``device`` (``cpu``/``cuda``) here, or None if it can."""
+        for need in self.requires:
+            if need == "cpu":
+                continue
+            if need.startswith("cuda"):
+                count = int(need.partition(">=")[2] or 1)
+                if device != "cuda":
+                    return f"needs {need} (a CUDA GPU); this run's device is {device}"
+                import torch
+
+                if torch.cuda.device_count() < count:
+                    return f"needs {need}; {torch.cuda.device_count()} CUDA device(s) visible"
+            elif need == "cxx":
+                if not (shutil.which("c++") or shutil.which("g++")):
+                    return "needs a C++ compiler (c++ or g++ on PATH)"
+            else:
+                return f"unknown requirement {need!r} in the lab table"
+        return None
 
 
 @dataclass(frozen=True)

@@ -44,10 +44,16 @@ def check(exercise_id: str) -> None:
     from IPython.display import display
 
     main = vars(sys.modules["__main__"])
-    v = _verdict(exercise_id, seed=int(main.get("seed", 0)), device=str(main.get("device", "cpu")),
-                 hidden=False)
-    mark, colour = ("✓", "#1a7f37") if v.status == "passed" else ("✗", "#cf222e")
-    text = f"{mark} {exercise_id}: {v.status} — {v.message}"
+    seed, device = int(main.get("seed", 0)), str(main.get("device", "cpu"))
+    reason = load_lab(exercise_id.split(".", 1)[0]).exercise(exercise_id).unmet(device)
+    if reason:
+        status, message = "skipped", reason
+    else:
+        v = _verdict(exercise_id, seed=seed, device=device, hidden=False)
+        status, message = v.status, v.message
+    mark, colour = {"passed": ("✓", "#1a7f37"), "skipped": ("–", "#6e7781")}.get(
+        status, ("✗", "#cf222e"))
+    text = f"{mark} {exercise_id}: {status} — {message}"
     display({"text/plain": text,
              "text/html": f'<pre style="color:{colour};white-space:pre-wrap">{html.escape(text)}</pre>'},
             raw=True)

@@ -45,8 +45,16 @@ def test_an_answer_that_raises_is_an_error_pointing_at_the_learners_line():
     assert "checks.py" not in v.message  # no check source or path leaks
 
 
+def test_an_answer_of_the_wrong_type_is_asked_about_not_blamed_for_raising():
+    v = run_checks("toy.mul", lambda a, b: {"product": a * b})
+    assert v.status == "error"
+    assert "checking your answer raised TypeError" in v.message
+    assert "Does your answer return what the exercise asks for" in v.message
+    assert "your answer raised" not in v.message.replace("checking your answer raised", "")
+
+
 def test_long_messages_are_clipped():
-    v = run_checks("toy.add", lambda a, b: "x" * 5000)
+    v = run_checks("toy.add", lambda a, b: 10**3000)
     assert v.status == "failed" and len(v.message) <= 1200
 
 

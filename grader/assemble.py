@@ -27,12 +27,12 @@ _RESERVED_TAGS = {"parameters", "injected-parameters"}
 class Assembled:
     """The notebook to execute plus what assembly found.
 
-    ``missing`` lists exercise ids without an answer cell; ``edited`` the ids of release cells the
+    ``missing`` lists exercise ids without an answer cell; ``edited`` the release cells the
     learner changed (restored); ``skipped`` maps exercise id -> reason its checks are not run."""
 
     nb: NotebookNode
     missing: list[str] = field(default_factory=list)
-    edited: list[str] = field(default_factory=list)
+    edited: list[NotebookNode] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
 
 
@@ -64,7 +64,7 @@ def assemble(release: NotebookNode, submission: NotebookNode, lab: Lab, *, seed:
     skipped = dict(skipped or {})
     kept = {c.id: c for c in release.cells if notebook.role(c) != "answer"}
     attached: dict[str | None, list[NotebookNode]] = {}
-    edited: list[str] = []
+    edited: list[NotebookNode] = []
     anchor: str | None = None
     answered: set[str] = set()
     for cell in submission.cells:
@@ -72,7 +72,7 @@ def assemble(release: NotebookNode, submission: NotebookNode, lab: Lab, *, seed:
         if rel is not None and notebook.role(cell) != "answer":
             anchor = rel.id
             if cell.source != rel.source or cell.cell_type != rel.cell_type:
-                edited.append(rel.id)
+                edited.append(rel)
             continue
         if notebook.role(cell) == "answer":
             answered.add(notebook.exercise_of(cell))

@@ -14,10 +14,14 @@ DEFAULT_OUT = Path("build/grades")
 
 
 def _notebooks(paths: list[str]) -> list[Path]:
+    """The notebooks named, and those under the folders named (recursively, skipping hidden
+    folders such as .ipynb_checkpoints and the grader's own *.executed.ipynb)."""
     found = []
     for p in map(Path, paths):
         if p.is_dir():
-            found += sorted(q for q in p.glob("*.ipynb") if not q.name.endswith(".executed.ipynb"))
+            found += sorted(q for q in p.rglob("*.ipynb")
+                            if not q.name.endswith(".executed.ipynb")
+                            and not any(part.startswith(".") for part in q.relative_to(p).parts))
         elif p.is_file():
             found.append(p)
         else:
@@ -25,6 +29,17 @@ def _notebooks(paths: list[str]) -> list[Path]:
     if not found:
         raise GraderError(f"no notebooks found in {', '.join(paths)}")
     return found
+
+
+def result_names(paths: list[Path]) -> list[str]:
+    """One result name per notebook: its stem, or ``<folder>-<stem>`` where stems collide
+    (``alice/02_autograd.ipynb``, ``bob/02_autograd.ipynb``). GraderError if still ambiguous."""
+    stems = [p.stem for p in paths]
+    names = [f"{p.parent.name}-{p.stem}" if stems.count(p.stem) > 1 else p.stem for p in paths]
+    if dup := sorted({n for n in names if names.count(n) > 1}):
+        raise GraderError(f"several notebooks would write the result {dup[0]}.json; grade them "
+                          "into separate --out folders")
+    return names
 
 
 def cmd_release(args, console: Console) -> int:
@@ -45,7 +60,8 @@ def cmd_grade(args, console: Console) -> int:
     device = resolve_device(args.device)
     seed = new_seed() if args.seed is None else args.seed
     failed = 0
-    for path in _notebooks(args.paths):
+    paths = _notebooks(args.paths)
+    for path, name in zip(paths, result_names(paths)):
         console.print(f"[bold]grading {path}[/bold] (device {device}, seed {seed})")
 
         def progress(o):
@@ -53,9 +69,9 @@ def cmd_grade(args, console: Console) -> int:
                           f"[dim]({o.duration_s:.1f} s)[/dim]")
 
         result = grade_notebook(path, args.out, device=device, seed=seed, timeout=args.timeout,
-                                on_outcome=progress)
+                                name=name, on_outcome=progress)
         print_result(result, console)
-        console.print(f"[dim]result: {args.out / (path.stem + '.json')}[/dim]\n")
+        console.print(f"[dim]result: {args.out / (name + '.json')}[/dim]\n")
         failed += result.error is not None
     return 1 if failed else 0
 

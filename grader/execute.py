@@ -145,7 +145,7 @@ class GraderEngine(Engine):
         for index in part.cells:
             cell = nb_man.nb.cells[index]
             what = "your answer" if notebook.role(cell) == "answer" else (
-                "the checks" if notebook.role(cell) == "grade" else f"cell {cell.id!r}")
+                "the checks" if notebook.role(cell) == "grade" else notebook.describe(cell))
             late = (f"exceeded the time limit of {limit:g} s while running {what}; look for an "
                     "endless loop or work that grows too fast with the input size.")
             remaining = limit - (time.monotonic() - start) if part.exercise else limit

@@ -57,14 +57,15 @@ def _failed_result(lab: Lab | None, path: Path, env: Environment, reason: str,
 
 
 def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int | None = None,
-                   timeout: float | None = None,
+                   timeout: float | None = None, name: str | None = None,
                    on_outcome: Callable[[Outcome], None] | None = None) -> LabResult:
-    """Grade the notebook at ``path``; write ``out_dir/<stem>.json`` and the executed notebook
-    ``out_dir/<stem>.executed.ipynb``; return the result.
+    """Grade the notebook at ``path``; write ``out_dir/<name>.json`` and the executed notebook
+    ``out_dir/<name>.executed.ipynb`` (``name`` defaults to the file's stem); return the result.
 
     ``timeout`` (seconds) overrides every exercise's time limit. Never raises for a bad
     submission: the result's ``error`` says why grading could not happen."""
     started = time.monotonic()
+    name = name or path.stem
     seed = new_seed() if seed is None else seed
     env = Environment.current(device, seed)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -80,7 +81,7 @@ def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int 
             except GraderError:
                 pass
         result = _failed_result(lab, path, env, str(exc), started)
-        result.write(out_dir / f"{path.stem}.json")
+        result.write(out_dir / f"{name}.json")
         return result
 
     skipped = {e.id: r for e in lab.exercises if (r := e.unmet(device))}
@@ -96,7 +97,7 @@ def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int 
     with tempfile.TemporaryDirectory(prefix="grade-") as cwd:
         try:
             papermill.execute_notebook(
-                built.nb, str(out_dir / f"{path.stem}.executed.ipynb"),
+                built.nb, str(out_dir / f"{name}.executed.ipynb"),
                 parameters={"device": device, "seed": seed}, engine_name="grader",
                 kernel_name="python3", progress_bar=False, cwd=cwd, on_outcome=record,
                 timeouts={e.id: timeout or e.timeout for e in lab.exercises})
@@ -116,11 +117,11 @@ def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int 
         else:
             results.append(ExerciseResult(e.id, e.title, "error", 0.0, e.points,
                                           f"not graded: {error or 'its checks never ran'}"))
-    notes = [f"cell {cid!r} differs from the release; the released version was run"
-             for cid in built.edited]
+    notes = [f"{notebook.describe(cell)} differs from the release; the released version was run"
+             for cell in built.edited]
     notes += [f"no answer cell for {ex}" for ex in built.missing]
     result = LabResult(lab=lab.id, notebook=str(path), exercises=tuple(results), environment=env,
                        duration_s=round(time.monotonic() - started, 3), notes=tuple(notes),
                        error=error)
-    result.write(out_dir / f"{path.stem}.json")
+    result.write(out_dir / f"{name}.json")
     return result

@@ -74,6 +74,13 @@ def lab_of(nb: NotebookNode, path: str | Path) -> str:
                       "file name is not NN_<lab>.ipynb)")
 
 
+def describe(cell: NotebookNode) -> str:
+    """How a learner finds a cell (JupyterLab does not show ids): its first non-empty line."""
+    first = next((line.strip() for line in cell.source.splitlines() if line.strip()), "")
+    first = first if len(first) <= 60 else first[:57] + "..."
+    return f'the {cell.cell_type} cell starting "{first}"' if first else f"an empty {cell.cell_type} cell"
+
+
 def code_of(nb: NotebookNode, wanted_role: str, exercise: str | None = None) -> list[str]:
     """The sources of the code cells with ``wanted_role`` (and ``exercise``), in order."""
     return [c.source for c in nb.cells if c.cell_type == "code" and role(c) == wanted_role

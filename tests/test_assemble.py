@@ -44,7 +44,7 @@ def test_edited_release_cells_are_restored_and_reported():
     _cell(sub, "intro").source = "# my notes"
     built = _run(sub)
     assert _cell(built.nb, "setup").source == _cell(RELEASE, "setup").source
-    assert sorted(built.edited) == ["intro", "setup"]
+    assert sorted(c.id for c in built.edited) == ["intro", "setup"]
 
 
 def test_deleted_release_cells_come_back():

@@ -129,3 +129,17 @@ def test_cli_exit_codes(tmp_path, capsys):
     assert (tmp_path / "o" / "broken.json").is_file()
     assert main(["grade", str(tmp_path / "nope.ipynb"), "--out", str(tmp_path / "o")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_a_class_folder_of_per_student_folders_gets_one_result_each(tmp_path, capsys):
+    for student in ("alice", "bob"):
+        (tmp_path / "subs" / student).mkdir(parents=True)
+    shutil.copy(FIXTURES / "solutions" / "90_toy.ipynb", tmp_path / "subs" / "alice" / "90_toy.ipynb")
+    shutil.copy(FIXTURES / "notebooks" / "90_toy.ipynb", tmp_path / "subs" / "bob" / "90_toy.ipynb")
+    (tmp_path / "subs" / "bob" / ".ipynb_checkpoints").mkdir()
+    shutil.copy(FIXTURES / "notebooks" / "90_toy.ipynb",
+                tmp_path / "subs" / "bob" / ".ipynb_checkpoints" / "90_toy-checkpoint.ipynb")
+    out = tmp_path / "grades"
+    assert main(["grade", str(tmp_path / "subs"), "--out", str(out), "--device", "cpu"]) == 0
+    scores = {p.name: json.loads(p.read_text())["score"] for p in out.glob("*.json")}
+    assert scores == {"alice-90_toy.json": 3, "bob-90_toy.json": 0}

@@ -269,7 +269,8 @@ def each_node_once(run_backward, ctx):
 def ready_queue_order(run_backward, ctx):
     """runs ready nodes in the order of torch's ReadyQueue"""
     _verify(run_backward, _Builder(ctx.generator(12), _two_branches),
-            "two interleaved branches a = x.sin(), b = w.tanh(), then a * x and b * w")
+            "two interleaved branches a = x.sin(), b = w.tanh(), a2 = a * x, b2 = b * w, "
+            "then (a2 * b2.exp() + b2.sigmoid()).sum()")
 
 
 @check(EXERCISE, hidden=True)

@@ -43,11 +43,12 @@ def grade_source(exercise_id: str, seed: int, device: str) -> str:
 
 
 def _learner_cell(cell: NotebookNode) -> NotebookNode:
-    """A learner cell as it will run: outputs dropped, grader-owned roles and tags removed."""
+    """A learner cell as it will run: outputs dropped, grader-owned tags removed, and any role
+    but ``answer`` replaced by ``learner``."""
     cell = copy.deepcopy(cell)
     meta = cell.setdefault("metadata", {})
     if notebook.role(cell) != "answer":
-        meta.pop("course", None)
+        meta["course"] = {"role": "learner"}
     if tags := meta.get("tags"):
         meta["tags"] = [t for t in tags if t not in _RESERVED_TAGS]
     if cell.cell_type == "code":

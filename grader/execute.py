@@ -51,14 +51,13 @@ class Part:
 @dataclass(frozen=True)
 class Outcome:
     """What running one exercise's part produced: ``status`` is a result status,
-    ``verdict`` the grade cell's verdict dict (None if it produced none), ``answer_errors``
-    the ``ename: evalue`` of answer cells that raised, ``duration_s`` wall seconds."""
+    ``answer_errors`` the ``ename: evalue`` of answer cells that raised, ``duration_s`` wall
+    seconds."""
 
     exercise: str
     status: str
     message: str
     duration_s: float
-    verdict: dict | None = None
     answer_errors: tuple[str, ...] = ()
 
 
@@ -117,24 +116,26 @@ class GraderEngine(Engine):
             # local IPC sockets (in the run's temporary working folder), not TCP on localhost
             config=Config(KernelManager={"transport": "ipc"}))
         todo = parts(nb_man.nb)
-        done, lost = 0, set()
+        done, lost = 0, set()  # parts run so far; those among them that timed out or crashed
         while done < len(todo):
             with client.setup_kernel():
                 if done:
-                    cls._replay(client, [p for i, p in enumerate(todo[:done]) if i not in lost],
-                                timeouts)
+                    cls._replay(client, todo[:done], lost, timeouts)
                 while done < len(todo):
                     part = todo[done]
                     done += 1
+                    kernel_gone = False
                     try:
                         outcome = cls._run_part(client, nb_man, part, timeouts, interrupted)
                     except KernelLost as exc:
+                        outcome = Outcome(part.exercise, exc.status, str(exc), exc.duration_s)
+                        kernel_gone = True
+                    if outcome.status in ("timeout", "crashed"):
                         lost.add(done - 1)
-                        if part.exercise:
-                            on_outcome(Outcome(part.exercise, exc.status, str(exc), exc.duration_s))
-                        break
                     if part.exercise:
                         on_outcome(outcome)
+                    if kernel_gone:
+                        break  # start a fresh kernel and replay
         return nb_man.nb
 
     @classmethod
@@ -178,19 +179,21 @@ class GraderEngine(Engine):
         if verdict is None:
             detail = "; ".join(_errors(grade_cell)) or "it produced no verdict"
             return Outcome(part.exercise, "error", f"the checks could not run: {detail}",
-                           duration, None, tuple(answer_errors))
-        return Outcome(part.exercise, verdict["status"], verdict["message"], duration, verdict,
+                           duration, tuple(answer_errors))
+        return Outcome(part.exercise, verdict["status"], verdict["message"], duration,
                        tuple(answer_errors))
 
     @staticmethod
-    def _replay(client, done: list[Part], timeouts) -> None:
-        """Re-run the cells of earlier parts that completed (not their grade cells) in a fresh
-        kernel, on copies, so later exercises find the state they expect. Not graded."""
-        for part in done:
+    def _replay(client, done: list[Part], lost: set[int], timeouts) -> None:
+        """Re-run earlier parts in a fresh kernel, on copies, so later exercises find the state
+        they expect (not graded): no grade cells, and from the parts in ``lost`` (that timed out
+        or crashed) only the release's own cells (setup, demos), none of the learner's."""
+        for number, part in enumerate(done):
             client.timeout = math.ceil(timeouts.get(part.exercise, EPILOGUE_CELL_TIMEOUT))
             for index in part.cells:
                 cell = copy.deepcopy(client.nb.cells[index])
-                if notebook.role(cell) == "grade":
+                skip = {"grade", "answer", "learner"} if number in lost else {"grade"}
+                if notebook.role(cell) in skip:
                     continue
                 try:
                     client.execute_cell(cell, index)

@@ -8,6 +8,9 @@ A cell's role lives in ``cell.metadata["course"]``:
 - ``{"role": "check", "exercise": "<lab>.<slug>"}``: the one-line self-check
   ``check("<lab>.<slug>")``.
 
+The grader's assembled notebook adds two roles of its own: ``grade`` (its check cells) and
+``learner`` (cells the learner added).
+
 The notebook's ``metadata["course"]["lab"]`` names its lab; the papermill ``parameters`` cell
 (tag ``parameters``) defines ``device`` and ``seed``.
 """
@@ -19,9 +22,6 @@ import nbformat
 from nbformat import NotebookNode
 
 from grader.errors import GraderError
-
-ROLES = ("setup", "answer", "check")
-
 
 def read(path: str | Path) -> NotebookNode:
     """Read a notebook as nbformat 4 (upgrading older minor versions, adding missing cell ids).

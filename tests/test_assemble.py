@@ -95,7 +95,7 @@ def test_copied_cells_get_unique_ids_and_fake_check_roles_are_dropped():
     sub.cells[5:5] = [copied, twin]
     built = _run(sub)
     assert len(set(_ids(built.nb))) == len(built.nb.cells)
-    assert "course" not in _cell(built.nb, "copied-check").metadata  # plain learner code now
+    assert notebook.role(_cell(built.nb, "copied-check")) == "learner"  # plain learner code now
     assert sum(notebook.role(c) == "grade" for c in built.nb.cells) == 3
 
 

@@ -143,3 +143,11 @@ def test_a_class_folder_of_per_student_folders_gets_one_result_each(tmp_path, ca
     assert main(["grade", str(tmp_path / "subs"), "--out", str(out), "--device", "cpu"]) == 0
     scores = {p.name: json.loads(p.read_text())["score"] for p in out.glob("*.json")}
     assert scores == {"alice-90_toy.json": 3, "bob-90_toy.json": 0}
+
+
+def test_after_a_crash_in_the_first_exercise_the_setup_is_replayed_for_the_rest(tmp_path):
+    # the setup cell (part of the first exercise's cells) imports operator; mul needs it
+    ex, _ = grade(submit(tmp_path, add="import os\nos._exit(1)",
+                         mul="def mul(a, b):\n    return operator.mul(a, b)"))
+    assert ex["toy.add"].status == "crashed"
+    assert ex["toy.mul"].status == "passed", ex["toy.mul"].message

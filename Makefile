@@ -27,8 +27,10 @@ test: $(STAMP)
 	$(PY) -m grader release --check
 	$(PY) -m pytest tests solutions --nbval-lax
 
+# Learners work on copies in work/ (never overwritten), so notebooks/ stays the clean release.
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
+	mkdir -p work && cp -n notebooks/*.ipynb work/
+	$(VENV)/bin/jupyter lab work/ $(if $(filter 0,$(shell id -u)),--allow-root)
 
 release: $(STAMP)
 	$(PY) -m grader release

@@ -26,14 +26,20 @@ def new_seed() -> int:
 
 
 def resolve_device(device: str) -> str:
-    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; ``cpu``/``cuda`` as given."""
+    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``. GraderError for an unknown
+    device, or ``cuda`` on a machine where torch sees no GPU."""
     if device not in ("auto", "cpu", "cuda"):
         raise GraderError(f"unknown device {device!r}: use auto, cpu or cuda")
-    if device != "auto":
+    if device == "cpu":
         return device
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    if device == "cuda":
+        raise GraderError("--device cuda, but torch sees no CUDA GPU here (torch "
+                          f"{torch.__version__}); use --device cpu or auto")
+    return "cpu"
 
 
 def _message(ex: Exercise, outcome: Outcome, missing: bool) -> str:

@@ -129,6 +129,8 @@ def test_cli_exit_codes(tmp_path, capsys):
     assert (tmp_path / "o" / "broken.json").is_file()
     assert main(["grade", str(tmp_path / "nope.ipynb"), "--out", str(tmp_path / "o")]) == 2
     assert "no such file" in capsys.readouterr().err
+    assert main(["grade", str(good), "--device", "tpu"]) == 2
+    assert "unknown device 'tpu'" in capsys.readouterr().err
 
 
 def test_a_class_folder_of_per_student_folders_gets_one_result_each(tmp_path, capsys):

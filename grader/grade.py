@@ -62,6 +62,13 @@ def _failed_result(lab: Lab | None, path: Path, env: Environment, reason: str,
                      error=reason)
 
 
+def _lab_from_name(path: Path) -> Lab | None:
+    try:
+        return load_lab(notebook.lab_of({}, path))
+    except GraderError:
+        return None
+
+
 def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int | None = None,
                    timeout: float | None = None, name: str | None = None,
                    on_outcome: Callable[[Outcome], None] | None = None) -> LabResult:
@@ -79,17 +86,24 @@ def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int 
     try:
         submission = notebook.read(path)
         lab = load_lab(notebook.lab_of(submission, path))
-        release = notebook.read(lab.release_path)
-    except GraderError as exc:
-        if lab is None:  # unreadable: the file name may still say which lab it was meant for
-            try:
-                lab = load_lab(notebook.lab_of({}, path))
-            except GraderError:
-                pass
-        result = _failed_result(lab, path, env, str(exc), started)
-        result.write(out_dir / f"{name}.json")
-        return result
+        result = _grade(path, submission, lab, env, out_dir / f"{name}.executed.ipynb",
+                        timeout=timeout, on_outcome=on_outcome, started=started)
+    except GraderError as exc:  # unreadable, unknown lab: the file name may still say which lab
+        result = _failed_result(lab or _lab_from_name(path), path, env, str(exc), started)
+    except Exception as exc:  # an input nobody foresaw: it costs this notebook only
+        result = _failed_result(lab or _lab_from_name(path), path, env,
+                                f"internal error while grading: {type(exc).__name__}: {exc}",
+                                started)
+    result.write(out_dir / f"{name}.json")
+    return result
 
+
+def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *,
+           timeout: float | None, on_outcome: Callable[[Outcome], None] | None,
+           started: float) -> LabResult:
+    """Assemble, execute and score a readable submission of ``lab``."""
+    device, seed = env.device, env.seed
+    release = notebook.read(lab.release_path)
     skipped = {e.id: r for e in lab.exercises if (r := e.unmet(device))}
     built = assemble(release, submission, lab, seed=seed, device=device, skipped=skipped)
     outcomes: dict[str, Outcome] = {}
@@ -103,10 +117,9 @@ def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int 
     with tempfile.TemporaryDirectory(prefix="grade-") as cwd:
         try:
             papermill.execute_notebook(
-                built.nb, str(out_dir / f"{name}.executed.ipynb"),
-                parameters={"device": device, "seed": seed}, engine_name="grader",
-                kernel_name="python3", progress_bar=False, cwd=cwd, on_outcome=record,
-                timeouts={e.id: timeout or e.timeout for e in lab.exercises})
+                built.nb, str(executed), parameters={"device": device, "seed": seed},
+                engine_name="grader", kernel_name="python3", progress_bar=False, cwd=cwd,
+                on_outcome=record, timeouts={e.id: timeout or e.timeout for e in lab.exercises})
         except PapermillExecutionError:
             pass  # some cell raised: each exercise's outcome already says what that cost
         except Exception as exc:  # the kernel could not start, the output could not be written...
@@ -126,8 +139,6 @@ def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int 
     notes = [f"{notebook.describe(cell)} differs from the release; the released version was run"
              for cell in built.edited]
     notes += [f"no answer cell for {ex}" for ex in built.missing]
-    result = LabResult(lab=lab.id, notebook=str(path), exercises=tuple(results), environment=env,
-                       duration_s=round(time.monotonic() - started, 3), notes=tuple(notes),
-                       error=error)
-    result.write(out_dir / f"{name}.json")
-    return result
+    return LabResult(lab=lab.id, notebook=str(path), exercises=tuple(results), environment=env,
+                     duration_s=round(time.monotonic() - started, 3), notes=tuple(notes),
+                     error=error)

@@ -153,3 +153,15 @@ def test_after_a_crash_in_the_first_exercise_the_setup_is_replayed_for_the_rest(
                          mul="def mul(a, b):\n    return operator.mul(a, b)"))
     assert ex["toy.add"].status == "crashed"
     assert ex["toy.mul"].status == "passed", ex["toy.mul"].message
+
+
+def test_an_unforeseen_failure_costs_only_that_notebook(tmp_path, monkeypatch):
+    import grader.grade as grade_module
+
+    def explode(*args, **kwargs):
+        raise KeyError("something nobody foresaw")
+
+    monkeypatch.setattr(grade_module, "assemble", explode)
+    ex, result = grade(submit(tmp_path, add=ADD, mul=MUL))
+    assert "internal error while grading: KeyError" in result.error
+    assert result.lab == "toy" and all(e.status == "error" for e in ex.values())

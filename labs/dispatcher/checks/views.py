@@ -1,0 +1,323 @@
+"""Checks of ``dispatcher.views``: ``view_geometry(shape, ops)`` predicts, by arithmetic alone, the
+sizes, strides and storage offset after each op of a chain of views, and whether the result still
+uses the original tensor's storage.
+
+The oracle is torch: the same chain is applied to a real contiguous tensor of ``shape`` and each
+result's ``size()``, ``stride()``, ``storage_offset()`` and storage identity are read back. Chains
+and shapes are drawn from ``random.Random`` seeded by the run's seed. The answer runs under a
+dispatch mode that notices any aten operator it calls: the geometry must be computed, not asked of
+torch.
+"""
+from __future__ import annotations
+
+import random
+
+from grader.checks import CheckFailure, check
+
+EXERCISE = "dispatcher.views"
+MAX_DIMS = 6
+
+_HINTS = {
+    "transpose": "transpose(d0, d1) swaps entries d0 and d1 of both sizes and strides (negative "
+                 "dims count from the end); nothing else changes.",
+    "permute": "permute(dims) reorders sizes and strides: entry i of the result is entry dims[i] of "
+               "the input (negative dims count from the end).",
+    "slice": "slice(dim, start, stop, step) follows Python slicing: None means the ends, a negative "
+             "start/stop gets size added, then both are clamped into [0, size] and stop is raised to "
+             "at least start. The new size is ceil((stop - start) / step), the stride is multiplied by "
+             "step, and the offset grows by start * stride, even when the slice is empty "
+             "(torch/_decomp/decompositions.py: slice_forward).",
+    "select": "select(dim, index) drops dim; a negative index gets size added, and the offset grows "
+              "by index * stride[dim].",
+    "unsqueeze": "unsqueeze(dim) takes dim in [-ndim-1, ndim] (negative: add ndim + 1) and inserts a "
+                 "size-1 dim whose stride is sizes[dim] * strides[dim], or 1 when it becomes the last "
+                 "dim (torch/_meta_registrations.py: inferUnsqueezeGeometry).",
+    "expand": "expand(sizes) aligns the sizes from the right. -1 keeps a dim; a size-1 dim grown to "
+              "another size gets stride 0; new leading dims get stride 0, except a new leading dim of "
+              "size 1, which gets (size * stride) of the dim after it; expanding a 0-d tensor gives "
+              "stride 0 everywhere (aten/src/ATen/ExpandUtils.h: inferExpandGeometry).",
+    "as_strided": "as_strided(sizes, strides, offset) replaces the geometry outright: strides and "
+                  "offset are counted in elements of the storage, not relative to the current view; "
+                  "offset None keeps the current storage offset.",
+    "contiguous": "contiguous() returns the tensor itself (same geometry, same storage) when "
+                  "is_contiguous() holds: no elements, or strides that match the row-major strides on "
+                  "every dim of size != 1 (c10/core/Contiguity.h: _compute_contiguous). Otherwise it "
+                  "copies into a new storage: offset 0, row-major strides, and from then on the "
+                  "result no longer shares the original storage.",
+}
+
+
+# ------------------------------------------------------------------------ the oracle
+def _apply(t, op):
+    """Apply one op (as the exercise describes it) to tensor ``t`` with torch."""
+    kind = op[0]
+    if kind == "transpose":
+        return t.transpose(op[1], op[2])
+    if kind == "permute":
+        return t.permute(*op[1])
+    if kind == "slice":
+        _, dim, start, stop, step = op
+        index = [slice(None)] * t.dim()
+        index[dim] = slice(start, stop, step)
+        return t[tuple(index)]
+    if kind == "select":
+        return t.select(op[1], op[2])
+    if kind == "unsqueeze":
+        return t.unsqueeze(op[1])
+    if kind == "expand":
+        return t.expand(tuple(op[1]))
+    if kind == "as_strided":
+        _, size, stride, offset = op
+        return t.as_strided(size, stride) if offset is None else t.as_strided(size, stride, offset)
+    if kind == "contiguous":
+        return t.contiguous()
+    raise ValueError(kind)
+
+
+def torch_geometry(shape, ops):
+    """What torch says: [(sizes, strides, offset, shares_original_storage)] after each op."""
+    import torch
+
+    base = torch.empty(shape, dtype=torch.float32)
+    original = base.untyped_storage()._cdata
+    out, t = [], base
+    for op in ops:
+        t = _apply(t, op)
+        out.append((tuple(t.shape), tuple(t.stride()), int(t.storage_offset()),
+                    t.untyped_storage()._cdata == original))
+    return out
+
+
+# ------------------------------------------------------------------------ random chains
+def _dim(rng, ndim: int, extra: int = 0) -> int:
+    """A dim in [-(ndim+extra), ndim+extra-1], negative half of the time."""
+    d = rng.randrange(ndim + extra)
+    return d - (ndim + extra) if rng.random() < 0.5 else d
+
+
+def _random_op(rng, t):
+    """A random op that is valid for tensor ``t`` (its current geometry decides)."""
+    ndim, sizes = t.dim(), list(t.shape)
+    kinds = ["contiguous"]
+    if ndim:
+        kinds += ["transpose", "permute", "slice", "slice"]
+        if any(sizes):
+            kinds.append("select")
+    if ndim < MAX_DIMS:
+        kinds += ["unsqueeze", "expand", "expand"]
+    if t.untyped_storage().nbytes():
+        kinds.append("as_strided")
+    kind = rng.choice(kinds)
+    if kind == "transpose":
+        return ("transpose", _dim(rng, ndim), _dim(rng, ndim))
+    if kind == "permute":
+        perm = list(range(ndim))
+        rng.shuffle(perm)
+        return ("permute", tuple(p - ndim if rng.random() < 0.3 else p for p in perm))
+    if kind == "slice":
+        dim = _dim(rng, ndim)
+        n = sizes[dim]
+
+        def end():
+            return None if rng.random() < 0.25 else rng.randint(-n - 2, n + 2)
+
+        def where(e, default):              # the position an end stands for, before clamping
+            return default if e is None else e + n if e < 0 else e
+        start, stop = end(), end()
+        if rng.random() < 0.7 and where(start, 0) > where(stop, n):
+            start, stop = stop, start       # mostly non-empty slices; empty ones stay possible
+        return ("slice", dim, start, stop, rng.choice((1, 1, 2, 2, 3, 4)))
+    if kind == "select":
+        dim = rng.choice([d for d in range(ndim) if sizes[d]])
+        index = rng.randrange(sizes[dim])
+        return ("select", dim - ndim if rng.random() < 0.4 else dim,
+                index - sizes[dim] if rng.random() < 0.4 else index)
+    if kind == "unsqueeze":
+        return ("unsqueeze", _dim(rng, ndim, extra=1))
+    if kind == "expand":
+        new = [rng.choice((1, 1, 2, 3)) for _ in range(rng.randint(0, min(2, MAX_DIMS - ndim)))]
+        old = []
+        for s in sizes:
+            if s == 1:
+                old.append(rng.choice((-1, 1, 2, 3, 4, 0) if rng.random() < 0.1 else (-1, 1, 2, 3, 4)))
+            else:
+                old.append(rng.choice((-1, s)))
+        return ("expand", tuple(new + old))
+    if kind == "as_strided":
+        capacity = t.untyped_storage().nbytes() // t.element_size()
+        for _ in range(20):
+            size = tuple(rng.randint(1, 3) for _ in range(rng.randint(1, 3)))
+            stride = tuple(rng.randint(0, 4) for _ in size)
+            extent = sum((s - 1) * st for s, st in zip(size, stride))
+            if extent < capacity:
+                if rng.random() < 0.3 and t.storage_offset() + extent < capacity:
+                    return ("as_strided", size, stride, None)
+                return ("as_strided", size, stride, rng.randrange(capacity - extent))
+    return ("contiguous",)
+
+
+def random_chain(rng, shape, length: int):
+    """A chain of ``length`` ops, each valid for the tensor the previous ones produce."""
+    import torch
+
+    t = torch.empty(shape)
+    ops = []
+    for _ in range(length):
+        op = _random_op(rng, t)
+        ops.append(op)
+        t = _apply(t, op)
+    return ops
+
+
+def random_shape(rng, *, zeros: bool = False):
+    """1 to 4 dims of sizes 1..5 (some 0 when ``zeros``)."""
+    low = 0 if zeros else 1
+    return tuple(rng.choice((1, rng.randint(low, 5), rng.randint(low, 5))) for _ in range(rng.randint(1, 4)))
+
+
+# ------------------------------------------------------------------------ comparing
+def _fmt(entry) -> str:
+    sizes, strides, offset, shares = entry
+    return f"sizes {tuple(sizes)}, strides {tuple(strides)}, offset {offset}, shares {shares}"
+
+
+def _normalize(entry, i: int, op):
+    """The answer's entry as (tuple, tuple, int, bool), or a CheckFailure saying what is wrong."""
+    try:
+        sizes, strides, offset, shares = entry
+        sizes = tuple(int(s) for s in sizes)
+        strides = tuple(int(s) for s in strides)
+    except (TypeError, ValueError):
+        raise CheckFailure(
+            f"entry {i} of your result (for op {op}) is {entry!r}; each entry must be a tuple "
+            "(sizes, strides, offset, shares): two tuples of ints, an int and a bool.") from None
+    if not isinstance(shares, bool) or isinstance(offset, bool) or int(offset) != offset:
+        raise CheckFailure(
+            f"entry {i} of your result (for op {op}) is {entry!r}; offset must be an int and shares "
+            "a bool (True or False).")
+    return sizes, strides, int(offset), shares
+
+
+def _spy_mode():
+    """A dispatch mode that records the aten ops run while it is active."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Spy(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    return Spy()
+
+
+def compare(view_geometry, shape, ops, where: str) -> None:
+    """Run the answer on (shape, ops) and compare with torch, op by op."""
+    want = torch_geometry(shape, ops)
+    with _spy_mode() as spy:
+        got = view_geometry(tuple(shape), [tuple(op) for op in ops])
+    if spy.ops:
+        raise CheckFailure(
+            f"view_geometry called torch operators ({', '.join(sorted(set(spy.ops))[:4])}). Compute "
+            "sizes, strides and offsets with integer arithmetic on Python tuples, without making "
+            "tensors: that arithmetic is what the view kernels do.")
+    if not isinstance(got, (list, tuple)) or len(got) != len(ops):
+        raise CheckFailure(
+            f"on {where}, view_geometry returned {type(got).__name__}"
+            f"{' of length ' + str(len(got)) if isinstance(got, (list, tuple)) else ''}; return a "
+            f"list with one (sizes, strides, offset, shares) entry per op ({len(ops)} ops).")
+    before = (tuple(shape), _contiguous_strides(shape), 0, True)
+    for i, (op, entry, expected) in enumerate(zip(ops, got, want)):
+        mine = _normalize(entry, i, op)
+        if mine != expected:
+            parts = [name for name, a, b in zip(("sizes", "strides", "offset", "shares"), mine, expected)
+                     if a != b]
+            raise CheckFailure(
+                f"on {where}: starting from a contiguous tensor of shape {tuple(shape)}, op #{i} "
+                f"{op} was applied to a tensor with {_fmt(before)}. Mismatch in "
+                f"{'/'.join(parts)}: you have {_fmt(mine)}; torch has {_fmt(expected)}. "
+                f"{_HINTS[op[0]]}")
+        before = expected
+
+
+def _contiguous_strides(shape):
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+def _rng(ctx, offset: int) -> random.Random:
+    return random.Random(f"{EXERCISE}:{ctx.seed}:{offset}")
+
+
+# ------------------------------------------------------------------------ checks
+@check(EXERCISE)
+def one_op_each(view_geometry, ctx):
+    """each kind of op, once, on a seeded random 3-d shape"""
+    rng = _rng(ctx, 0)
+    shape = (rng.randint(2, 5), rng.randint(2, 5), rng.randint(2, 5))
+    a, b, c = shape
+    chains = [
+        [("transpose", 0, -1)],
+        [("permute", (2, 0, 1))],
+        [("slice", 1, 1, None, 2)],
+        [("select", 0, -1)],
+        [("unsqueeze", 1)],
+        [("unsqueeze", -1)],
+        [("slice", 2, 0, 1, 1), ("expand", (2, a, b, 4))],
+        [("as_strided", (b, 2), (1, c), rng.randint(0, c - 1))],
+        [("transpose", 0, 1), ("contiguous",)],
+        [("contiguous",)],
+    ]
+    for ops in chains:
+        compare(view_geometry, shape, ops, f"the chain {ops}")
+
+
+@check(EXERCISE)
+def short_chains(view_geometry, ctx):
+    """chains of two to four views on seeded random shapes"""
+    rng = _rng(ctx, 1)
+    for i in range(12):
+        shape = random_shape(rng)
+        ops = random_chain(rng, shape, rng.randint(2, 4))
+        compare(view_geometry, shape, ops, f"random chain #{i}")
+
+
+@check(EXERCISE, hidden=True)
+def long_random_chains(view_geometry, ctx):
+    """long random chains: negative dims, steps, expanded dims, as_strided, copies"""
+    rng = _rng(ctx, 2)
+    for i in range(60):
+        shape = random_shape(rng, zeros=i % 4 == 0)
+        ops = random_chain(rng, shape, rng.randint(4, 9))
+        compare(view_geometry, shape, ops, f"random chain #{i} (seed {ctx.seed})")
+
+
+@check(EXERCISE, hidden=True)
+def edge_cases(view_geometry, ctx):
+    """empty slices, size-1 and size-0 dims, stride-0 dims, contiguity of odd strides"""
+    rng = _rng(ctx, 3)
+    n = rng.randint(3, 5)
+    cases = [
+        ((n, 4), [("slice", 0, n + 2, None, 1)]),                 # start past the end: empty
+        ((n, 4), [("slice", 1, -1, 1, 1)]),                       # stop before start
+        ((n, 4), [("slice", 1, -10, 3, 2), ("slice", 0, -2, None, 3)]),
+        ((n,), [("expand", (1, n))]),                            # new leading dim of size 1
+        ((n,), [("expand", (2, 1, n))]),
+        ((1, n), [("expand", (3, -1)), ("contiguous",)]),         # stride 0: contiguous copies
+        ((n, 1), [("transpose", 0, 1), ("contiguous",)]),         # size-1 strides don't count
+        ((2, 1, n), [("as_strided", (2, 1, n), (n, 100, 1), 0), ("contiguous",)]),
+        ((0, n), [("transpose", 0, 1), ("contiguous",)]),         # no elements: contiguous
+        ((n, 3), [("transpose", 0, 1), ("unsqueeze", 2), ("unsqueeze", 1)]),
+        ((n, 3), [("select", 1, 2), ("unsqueeze", 0), ("expand", (4, n)), ("select", 0, -1)]),
+        ((n, 3), [("transpose", -1, -2), ("contiguous",), ("slice", 0, 1, None, 1),
+                  ("as_strided", (2,), (1,), None)]),
+        ((n, 4), [("slice", 1, 1, None, 2), ("permute", (-1, 0)), ("select", 0, 1)]),
+    ]
+    for shape, ops in cases:
+        compare(view_geometry, shape, ops, f"the chain {ops}")

@@ -1,0 +1,103 @@
+"""dispatcher.custom-op: plausible wrong register_op answers fail, called directly through run_checks.
+The reference and the stub are tested for every exercise in test_exercise_contract.py."""
+import pytest
+import torch
+
+from grader.checks import run_checks
+
+EX = "dispatcher.custom-op"
+
+
+# ------------------------------------------------------------------ plausible wrong answers
+def _smooth_max(x, temperature):
+    return temperature * torch.logsumexp(x / temperature, dim=-1)
+
+
+def _register(qualname, *, kernel=_smooth_max, fake="right", backward="right", autograd=True,
+              mutates_args=()):
+    """A custom op built like the reference, with one part replaced by a plausible mistake."""
+    @torch.library.custom_op(qualname, mutates_args=mutates_args)
+    def smooth_max(x: torch.Tensor, temperature: float) -> torch.Tensor:
+        return kernel(x, temperature)
+
+    if fake == "right":
+        smooth_max.register_fake(lambda x, t: x.new_empty(x.shape[:-1]))
+    elif fake == "empty_like":                      # the input's shape, not the reduced one
+        smooth_max.register_fake(lambda x, t: torch.empty_like(x))
+    elif fake == "float32":                         # forgets the input's dtype
+        smooth_max.register_fake(lambda x, t: torch.empty(x.shape[:-1], device=x.device))
+    elif fake == "reads_values":                    # a data-dependent fake kernel
+        smooth_max.register_fake(lambda x, t: _smooth_max(x, t) * (x.max().item() > -1e9))
+
+    def setup_context(ctx, inputs, output):
+        x, temperature = inputs
+        ctx.save_for_backward(x)
+        ctx.temperature = temperature
+
+    def right(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad.unsqueeze(-1) * torch.softmax(x / ctx.temperature, dim=-1), None
+
+    def forgets_temperature(ctx, grad):             # softmax(x) instead of softmax(x / t)
+        (x,) = ctx.saved_tensors
+        return grad.unsqueeze(-1) * torch.softmax(x, dim=-1), None
+
+    def divides_by_temperature(ctx, grad):          # an extra 1/t from the chain rule
+        (x,) = ctx.saved_tensors
+        return grad.unsqueeze(-1) * torch.softmax(x / ctx.temperature, dim=-1) / ctx.temperature, None
+
+    def ignores_grad(ctx, grad):                    # drops the incoming gradient
+        (x,) = ctx.saved_tensors
+        return torch.softmax(x / ctx.temperature, dim=-1), None
+
+    if autograd:
+        formulas = {"right": right, "forgets_temperature": forgets_temperature,
+                    "divides_by_temperature": divides_by_temperature, "ignores_grad": ignores_grad}
+        smooth_max.register_autograd(formulas[backward], setup_context=setup_context)
+    return smooth_max
+
+
+def _naive_kernel(x, temperature):
+    return temperature * torch.log(torch.exp(x / temperature).sum(-1))
+
+
+def _mutating_kernel(x, temperature):
+    x.div_(temperature)                             # scales the input in place to save a copy
+    return temperature * torch.logsumexp(x, dim=-1)
+
+
+def _plain_function(qualname):
+    """No custom op at all: a Python function composed of torch ops."""
+    return _smooth_max
+
+
+def _fixed_name(qualname):
+    """Ignores the qualname it is given."""
+    return _register("course_wrong::smooth_max")
+
+
+WRONG = {
+    "no fake kernel": (lambda q: _register(q, fake=None), "fake"),
+    "fake kernel keeps the input's shape": (lambda q: _register(q, fake="empty_like"), "test_faketensor"),
+    "fake kernel ignores the dtype": (lambda q: _register(q, fake="float32"), "test_faketensor"),
+    "fake kernel reads values": (lambda q: _register(q, fake="reads_values"), "opcheck"),
+    "no autograd formula": (lambda q: _register(q, autograd=False), "autograd"),
+    "backward forgets the temperature": (lambda q: _register(q, backward="forgets_temperature"), "gradcheck"),
+    "backward divides by the temperature": (lambda q: _register(q, backward="divides_by_temperature"),
+                                            "gradcheck"),
+    "backward ignores grad": (lambda q: _register(q, backward="ignores_grad"), "gradcheck"),
+    "kernel overflows for large inputs": (lambda q: _register(q, kernel=_naive_kernel), "overflows"),
+    "kernel mutates its input": (lambda q: _register(q, kernel=_mutating_kernel), "modified its input"),
+    "a plain function, not an operator": (_plain_function, "registered no operator"),
+    "ignores the qualname": (_fixed_name, "registered no operator"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG))
+def test_plausible_wrong_answers_fail(name):
+    answer, phrase = WRONG[name]
+    state = torch.get_rng_state()
+    v = run_checks(EX, answer, seed=0, hidden=True)
+    assert v.status in ("failed", "error"), (name, v.message)
+    assert phrase in v.message, (name, v.message)
+    assert torch.equal(torch.get_rng_state(), state)

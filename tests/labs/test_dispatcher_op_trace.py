@@ -1,0 +1,149 @@
+"""dispatcher.op-trace: plausible wrong tracing modes fail, called directly through run_checks.
+The reference and the stub are tested for every exercise in test_exercise_contract.py."""
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from grader.checks import run_checks
+
+EX = "dispatcher.op-trace"
+
+
+# ------------------------------------------------------------------ plausible wrong answers
+class _Base(TorchDispatchMode):
+    """Records (what, node name) and runs func; subclasses change one thing."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.nodes = [], []
+
+    def record(self, func):
+        return func
+
+    def node_name(self, node):
+        return None if node is None else node.name()
+
+    def run(self, func, args, kwargs):
+        return func(*args, **kwargs)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.wanted(func):
+            self.ops.append(self.record(func))
+            self.nodes.append(self.node_name(torch._C._current_autograd_node()))
+        return self.run(func, args, kwargs or {})
+
+    def wanted(self, func):
+        return True
+
+
+class Packets(_Base):
+    """Records func.overloadpacket (aten.mm) instead of the overload (aten.mm.default)."""
+
+    def record(self, func):
+        return func.overloadpacket
+
+
+class Names(_Base):
+    """Records str(func) instead of the OpOverload."""
+
+    def record(self, func):
+        return str(func)
+
+
+class ForwardOnly(_Base):
+    """Skips calls made with grad mode off, i.e. everything the backward pass runs."""
+
+    def wanted(self, func):
+        return torch.is_grad_enabled()
+
+
+class DropsKwargs(_Base):
+    """Calls func(*args): dtype=, alpha=, ... are lost."""
+
+    def run(self, func, args, kwargs):
+        return func(*args)
+
+
+class DisablesDispatch(_Base):
+    """Runs func with torch dispatch disabled 'to avoid recursion': modes below see nothing."""
+
+    def run(self, func, args, kwargs):
+        with torch._C._DisableTorchDispatch():
+            return func(*args, **kwargs)
+
+
+class TypeNames(_Base):
+    """Records type(node).__name__ ('AccumulateGrad') instead of node.name()."""
+
+    def node_name(self, node):
+        return None if node is None else type(node).__name__
+
+
+class NoNodes(_Base):
+    """Leaves `nodes` as None everywhere."""
+
+    def node_name(self, node):
+        return None
+
+
+class HoldsTensors(_Base):
+    """Keeps the arguments and results it sees (changes what AccumulateGrad does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def run(self, func, args, kwargs):
+        out = func(*args, **kwargs)
+        self.seen.append((args, out))
+        return out
+
+
+class Dedups(_Base):
+    """Records each overload once."""
+
+    def wanted(self, func):
+        return func not in self.ops
+
+
+class FunctionMode(TorchFunctionMode):
+    """A TorchFunctionMode: sees torch API calls, not aten overloads."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.nodes = [], []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func)
+        self.nodes.append(None)
+        return func(*args, **(kwargs or {}))
+
+
+WRONG = {
+    "records OverloadPackets": (Packets, "OpOverloadPacket"),
+    "records names": (Names, "OpOverload object"),
+    "records only the forward pass": (ForwardOnly, "backward pass"),
+    "drops keyword arguments": (DropsKwargs, "func(*args, **kwargs)"),
+    "disables torch dispatch around func": (DisablesDispatch, "_DisableTorchDispatch"),
+    "node type names instead of name()": (TypeNames, "name()"),
+    "no nodes": (NoNodes, "_current_autograd_node"),
+    "records each overload once": (Dedups, "repeats"),
+    "a TorchFunctionMode": (FunctionMode, "TorchDispatchMode"),
+}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("name", list(WRONG))
+def test_plausible_wrong_answers_fail(name, seed):
+    answer, phrase = WRONG[name]
+    v = run_checks(EX, answer, seed=seed, hidden=True)
+    assert v.status in ("failed", "error"), (name, seed, v.message)
+    assert phrase in v.message, (name, seed, v.message)
+    assert "def " not in v.message and "raise CheckFailure" not in v.message
+
+
+def test_holding_tensors_is_caught_and_explained():
+    """A mode that keeps tensors alive changes AccumulateGrad's ops on .backward()."""
+    v = run_checks(EX, HoldsTensors, seed=0, hidden=True)
+    assert v.status == "failed" and "references to tensors" in v.message, v.message

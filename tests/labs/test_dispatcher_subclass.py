@@ -1,0 +1,131 @@
+"""dispatcher.subclass: plausible wrong ScaledTensor classes fail, called directly through run_checks.
+The reference and the stub are tested for every exercise in test_exercise_contract.py."""
+import pytest
+import torch
+from torch.utils._pytree import tree_map_only
+
+from grader.checks import run_checks
+
+EX = "dispatcher.subclass"
+aten = torch.ops.aten
+
+
+def _scaled_tensor(*, rewrap=True, matmul="right", views=True, write_back=True, wrap_all=False):
+    """A ScaledTensor built like the reference, with one part replaced by a plausible mistake."""
+
+    class ScaledTensor(torch.Tensor):
+        @staticmethod
+        def __new__(cls, inner, scale):
+            return torch.Tensor._make_wrapper_subclass(
+                cls, inner.shape, strides=inner.stride(), storage_offset=inner.storage_offset(),
+                dtype=inner.dtype, device=inner.device, requires_grad=False)
+
+        def __init__(self, inner, scale):
+            self.inner = inner
+            self.scale = float(scale)
+
+        def __repr__(self):
+            return f"ScaledTensor(scale={self.scale}, inner={self.inner!r})"
+
+        __torch_function__ = torch._C._disabled_torch_function_impl
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in (aten.mm.default, aten.bmm.default) and all(isinstance(t, cls) for t in args[:2]):
+                a, b = args[:2]
+                if matmul == "right":
+                    return cls(func(a.inner, b.inner), a.scale * b.scale)
+                if matmul == "twice":                 # dense product, then the scales again
+                    return cls(func(a.inner * a.scale, b.inner * b.scale), a.scale * b.scale)
+                if matmul == "one_scale":             # forgets the second operand's scale
+                    return cls(func(a.inner, b.inner), a.scale)
+            if views and func.is_view and isinstance(args[0], cls):
+                a = args[0]
+                rest, kw = tree_map_only(cls, lambda t: t.inner * t.scale, (args[1:], kwargs))
+                out = func(a.inner, *rest, **kw)
+                return tree_map_only(torch.Tensor, lambda o: cls(o, a.scale), out)
+            dense_args, dense_kwargs = tree_map_only(cls, lambda t: t.inner * t.scale, (args, kwargs))
+            out = func(*dense_args, **dense_kwargs)
+            mutated = []
+            for i, arg in enumerate(func._schema.arguments):
+                if arg.alias_info is None or not arg.alias_info.is_write:
+                    continue
+                target, result = (args[i], dense_args[i]) if i < len(args) else (kwargs.get(arg.name),
+                                                                                  dense_kwargs.get(arg.name))
+                if isinstance(target, cls) and write_back:
+                    target.inner.copy_(result / target.scale)
+                mutated.append(target)
+            if mutated and write_back:
+                return mutated[0]
+            if not rewrap:
+                return out
+            if wrap_all:
+                return tree_map_only(torch.Tensor, lambda o: cls(o, 1.0), out)
+            return tree_map_only(torch.Tensor, lambda o: cls(o, 1.0) if o.is_floating_point() else o, out)
+
+    return ScaledTensor
+
+
+class AboveAutograd(torch.Tensor):
+    """Does the work in __torch_function__ on the dense values and wraps fresh, detached results:
+    above autograd, so nothing is recorded for the ScaledTensor leaves."""
+
+    @staticmethod
+    def __new__(cls, inner, scale):
+        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, strides=inner.stride(),
+                                                   dtype=inner.dtype, device=inner.device)
+
+    def __init__(self, inner, scale):
+        self.inner = inner
+        self.scale = float(scale)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.requires_grad_ or getattr(func, "__name__", "") in ("__get__", "__set__"):
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **kwargs)
+        dense_args, dense_kwargs = tree_map_only(cls, lambda t: t.inner * t.scale, (args, kwargs))
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*dense_args, **dense_kwargs)
+        for a, d in zip(args, dense_args):           # in-place methods: write the result back
+            if isinstance(a, cls) and isinstance(d, torch.Tensor):
+                a.inner.copy_(d / a.scale)
+        return tree_map_only(torch.Tensor, lambda o: cls(o.detach(), 1.0) if o.is_floating_point() else o, out)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        dense_args, dense_kwargs = tree_map_only(cls, lambda t: t.inner * t.scale, (args, kwargs or {}))
+        out = func(*dense_args, **dense_kwargs)
+        return tree_map_only(torch.Tensor, lambda o: cls(o, 1.0) if o.is_floating_point() else o, out)
+
+
+class PlainSubclass(torch.Tensor):
+    """Not a wrapper: a plain subclass holding the dense value, with no __torch_dispatch__."""
+
+    def __new__(cls, inner, scale):
+        t = (inner * scale).as_subclass(cls)
+        t.inner, t.scale = inner, float(scale)
+        return t
+
+
+WRONG = {
+    "forgets to rewrap outputs": (_scaled_tensor(rewrap=False), "as ScaledTensors"),
+    "matmul applies the scales twice": (_scaled_tensor(matmul="twice"), "dense autograd gives"),
+    "matmul keeps one scale": (_scaled_tensor(matmul="one_scale"), "on dense tensors gives"),
+    "views copy instead of aliasing": (_scaled_tensor(views=False), "alias"),
+    "in-place ops not written back": (_scaled_tensor(write_back=False), "after"),
+    "bool and integer outputs wrapped too": (_scaled_tensor(wrap_all=True), "plain tensors"),
+    "works above autograd (detaches)": (AboveAutograd, "does not require grad"),
+    "not a wrapper subclass": (PlainSubclass, "__torch_dispatch__"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG))
+def test_plausible_wrong_answers_fail(name):
+    answer, phrase = WRONG[name]
+    v = run_checks(EX, answer, seed=0, hidden=True)
+    assert v.status in ("failed", "error"), (name, v.message)
+    assert phrase in v.message, (name, v.message)
+

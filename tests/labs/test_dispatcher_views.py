@@ -1,0 +1,135 @@
+"""dispatcher.views: plausible wrong geometries fail, called directly through run_checks (milliseconds).
+The reference and the stub are tested for every exercise in test_exercise_contract.py."""
+import pytest
+import torch
+
+from grader.checks import run_checks
+
+EX = "dispatcher.views"
+
+
+# ------------------------------------------------------------------ plausible wrong answers
+def _geometry(flaw=None):
+    """Arithmetic view geometry with one deliberate flaw, chosen by name."""
+    def row_major(sizes):
+        strides, acc = [], 1
+        for s in reversed(sizes):
+            strides.append(acc)
+            acc *= max(s, 1)
+        return strides[::-1]
+
+    def wrap(d, n):
+        return d + n if d < 0 else d
+
+    def view_geometry(shape, ops):
+        sizes, strides, offset, shares = list(shape), row_major(shape), 0, True
+        out = []
+        for op in ops:
+            kind, ndim = op[0], len(sizes)
+            if kind == "transpose":
+                a, b = wrap(op[1], ndim), wrap(op[2], ndim)
+                sizes[a], sizes[b] = sizes[b], sizes[a]
+                strides[a], strides[b] = strides[b], strides[a]
+            elif kind == "permute":
+                dims = [wrap(d, ndim) for d in op[1]]
+                sizes, strides = [sizes[d] for d in dims], [strides[d] for d in dims]
+            elif kind == "slice":
+                _, dim, start, stop, step = op
+                dim = wrap(dim, ndim)
+                n = sizes[dim]
+                start = 0 if start is None else start + n if start < 0 else start
+                stop = n if stop is None else stop + n if stop < 0 else stop
+                if flaw != "no clamping":
+                    start = min(max(start, 0), n)
+                    stop = min(max(stop, start), n)
+                offset += start * strides[dim]
+                sizes[dim] = max(0, (stop - start + step - 1) // step)
+                if flaw != "step keeps the stride":
+                    strides[dim] *= step
+            elif kind == "select":
+                dim = wrap(op[1], ndim)
+                offset += wrap(op[2], sizes[dim]) * strides[dim]
+                del sizes[dim], strides[dim]
+            elif kind == "unsqueeze":
+                dim = wrap(op[1], ndim + 1)
+                new = 1 if dim >= ndim or flaw == "unsqueeze stride 1" else sizes[dim] * strides[dim]
+                sizes.insert(dim, 1)
+                strides.insert(dim, new)
+            elif kind == "expand":
+                target = list(op[1])
+                ns, nst = [0] * len(target), [0] * len(target)
+                for i in range(len(target) - 1, -1, -1):
+                    j = i - (len(target) - ndim)
+                    if j >= 0:
+                        size, stride = sizes[j], strides[j]
+                    elif flaw == "new leading dims stride 0":
+                        size, stride = 1, 0
+                    else:
+                        size, stride = 1, ns[i + 1] * nst[i + 1] if i + 1 < len(target) else 1
+                    want = size if target[i] == -1 else target[i]
+                    if want != size and flaw != "expand keeps the stride":
+                        stride = 0
+                    ns[i], nst[i] = want, stride
+                if ndim == 0 and flaw != "expand keeps the stride":
+                    nst = [0] * len(target)
+                sizes, strides = ns, nst
+            elif kind == "as_strided":
+                _, s, st, off = op
+                sizes, strides = list(s), list(st)
+                if flaw == "as_strided offset relative":
+                    offset += off or 0
+                else:
+                    offset = offset if off is None else off
+            elif kind == "contiguous":
+                expected, ok = 1, True
+                for s, st in zip(reversed(sizes), reversed(strides)):
+                    if s == 1 and flaw != "size-1 strides count":
+                        continue
+                    if st != expected:
+                        ok = False
+                        break
+                    expected *= s
+                if 0 in sizes:
+                    ok = True
+                if not ok or flaw == "contiguous always copies":
+                    strides, offset, shares = row_major(sizes), 0, False
+            out.append((tuple(sizes), tuple(strides), offset, shares))
+        return out
+    return view_geometry
+
+
+def _asks_torch(shape, ops):
+    """Right numbers, but obtained by applying the ops to a real tensor."""
+    from labs.dispatcher.checks.views import torch_geometry
+    base = torch.empty(shape)
+    del base
+    return torch_geometry(shape, ops)
+
+
+def _lists_not_tuples(shape, ops):
+    """Returns (sizes, strides, offset) only: forgets the `shares` flag."""
+    return [entry[:3] for entry in _geometry()(shape, ops)]
+
+
+WRONG = {
+    "slicing with a step keeps the stride": (_geometry("step keeps the stride"), "multiplied by"),
+    "expand keeps the stride of grown dims": (_geometry("expand keeps the stride"), "stride 0"),
+    "new leading size-1 dims get stride 0": (_geometry("new leading dims stride 0"), "expand"),
+    "unsqueeze always gives stride 1": (_geometry("unsqueeze stride 1"), "inferUnsqueezeGeometry"),
+    "slice start/stop not clamped": (_geometry("no clamping"), "clamped"),
+    "as_strided offset added to the current one": (_geometry("as_strided offset relative"), "storage"),
+    "contiguous() always copies": (_geometry("contiguous always copies"), "contiguous"),
+    "size-1 dims count for contiguity": (_geometry("size-1 strides count"), "_compute_contiguous"),
+    "calls torch view ops": (_asks_torch, "called torch operators"),
+    "no shares flag": (_lists_not_tuples, "(sizes, strides, offset, shares)"),
+}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("name", list(WRONG))
+def test_plausible_wrong_answers_fail(name, seed):
+    answer, phrase = WRONG[name]
+    v = run_checks(EX, answer, seed=seed, hidden=True)
+    assert v.status in ("failed", "error"), (name, seed, v.message)
+    assert phrase in v.message, (name, seed, v.message)
+    assert "def " not in v.message and "raise CheckFailure" not in v.message

@@ -20,10 +20,15 @@ right, and raises :class:`CheckFailure` (or ``AssertionError``, e.g. from
 exception is the answer's own error. :func:`run_checks` runs an exercise's checks (public first,
 then hidden, each in the order defined) and returns one :class:`Verdict`; the in-notebook
 self-check and the batch grader both call it, so they run the same code in the same order.
+Each check runs under a forked global torch RNG seeded with the run's seed (when torch is
+loaded), so what it draws (``gradcheck``, ``nn.Linear`` init) is reproducible and the learner's
+RNG state is left as it was.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import sys
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -134,6 +139,19 @@ def _clip(text: str) -> str:
     return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3] + "..."
 
 
+@contextlib.contextmanager
+def _seeded_rng(seed: int):
+    """Fork torch's global CPU RNG and seed it, if torch is loaded (checks that never touch torch
+    need not import it)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
 def run_checks(exercise_id: str, answer: Any, *, seed: int = 0, device: str = "cpu",
                hidden: bool = True) -> Verdict:
     """Run the checks of ``exercise_id`` on ``answer`` and return a Verdict; never raises for a
@@ -143,7 +161,8 @@ def run_checks(exercise_id: str, answer: Any, *, seed: int = 0, device: str = "c
     for done, chk in enumerate(checks):
         label = f"{'hidden ' if chk.hidden else ''}check {done + 1}/{len(checks)} '{chk.name}' (seed {seed})"
         try:
-            chk.fn(answer, ctx)
+            with _seeded_rng(seed):
+                chk.fn(answer, ctx)
         except (CheckFailure, AssertionError) as exc:
             return Verdict(exercise_id, "failed", _clip(f"{label} failed: {exc}"), done, len(checks), seed)
         except Exception as exc:  # reported without the check's source

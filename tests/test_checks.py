@@ -1,7 +1,16 @@
 """run_checks: statuses and learner-facing messages, called directly (milliseconds)."""
 import pytest
+import torch
 
-from grader.checks import checks_for, run_checks
+from grader.checks import check, checks_for, run_checks
+
+DRAWN = []
+
+
+@check("toy.rng-probe")
+def draws_from_the_global_rng(answer, ctx):
+    """draws from torch's global RNG"""
+    DRAWN.append(torch.rand(3))
 
 
 def test_public_checks_come_first_and_hidden_ones_only_when_asked():
@@ -61,3 +70,12 @@ def test_long_messages_are_clipped():
 def test_an_exercise_without_checks_is_a_lookup_error():
     with pytest.raises(LookupError, match="toy.nothing"):
         run_checks("toy.nothing", None)
+
+
+def test_checks_draw_from_a_seeded_fork_of_the_global_rng():
+    state = torch.get_rng_state()
+    DRAWN.clear()
+    for seed in (1, 1, 2):
+        run_checks("toy.rng-probe", None, seed=seed)
+    assert torch.equal(torch.get_rng_state(), state)  # the learner's RNG is untouched
+    assert torch.equal(DRAWN[0], DRAWN[1]) and not torch.equal(DRAWN[0], DRAWN[2])

@@ -10,31 +10,14 @@ for graph capture. Every check registers the operator under a fresh name and rem
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import warnings
 
-from grader.checks import CheckFailure, check as _register
+from grader.checks import CheckFailure, check
 
 EXERCISE = "dispatcher.custom-op"
 _NAMESPACE = "course_checks"
 _COUNTER = itertools.count()
-
-
-def check(exercise_id, **kw):
-    """``grader.checks.check``, run under a forked, seeded global RNG: opcheck and gradcheck draw
-    random values from it, and a check must leave the learner's RNG state alone."""
-    def register(fn):
-        @functools.wraps(fn)
-        def seeded(answer, ctx):
-            """(the wrapped check's docstring, via functools.wraps)"""
-            import torch
-
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(ctx.seed)
-                return fn(answer, ctx)
-        return _register(exercise_id, **kw)(seeded)
-    return register
 
 
 def _first_line(exc: BaseException) -> str:

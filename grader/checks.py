@@ -116,22 +116,35 @@ class Verdict:
         return asdict(self)
 
 
-def _blame(exc: BaseException, label: str) -> str:
-    """Say who raised ``exc``: the learner's code (with its line), or the check while it read the
-    answer (then the answer is probably not of the shape the exercise asks for). Frames of
-    installed libraries (torch, the standard library) are looked through."""
+def _innermost(exc: BaseException):
+    """(frame, is_ours) for the innermost traceback frame that is not an installed library's
+    (torch, the standard library), where ``is_ours`` says it is the grader's or a lab's checks;
+    (None, False) when there is none."""
     import labs
 
     own = (str(Path(__file__).resolve().parent), *labs.__path__)
-    what = f"{type(exc).__name__}: {exc}"
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        if "/lib/python" in frame.filename:
-            continue
-        if frame.filename.startswith(own):
-            return (f"{label}: checking your answer raised {what}. Does your answer return what "
-                    "the exercise asks for (type, structure, shapes)?")
-        return f"{label}: your answer raised {what} (line {frame.lineno} of your code)"
-    return f"{label}: your answer raised {what}"
+        if "/lib/python" not in frame.filename:
+            return frame, frame.filename.startswith(own)
+    return None, False
+
+
+def learner_line(exc: BaseException) -> str:
+    """``" (line N of your code)"`` when ``exc`` was raised in the learner's code, else ``""``.
+    For check messages that report an exception the answer raised."""
+    frame, ours = _innermost(exc)
+    return f" (line {frame.lineno} of your code)" if frame and not ours else ""
+
+
+def _blame(exc: BaseException, label: str) -> str:
+    """Say who raised ``exc``: the learner's code (with its line), or the check while it read the
+    answer (then the answer is probably not of the shape the exercise asks for)."""
+    what = f"{type(exc).__name__}: {exc}"
+    frame, ours = _innermost(exc)
+    if ours:
+        return (f"{label}: checking your answer raised {what}. Does your answer return what "
+                "the exercise asks for (type, structure, shapes)?")
+    return f"{label}: your answer raised {what}{learner_line(exc)}"
 
 
 def _clip(text: str) -> str:

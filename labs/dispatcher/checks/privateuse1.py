@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 
-from grader.checks import CheckFailure, check
+from grader.checks import CheckFailure, check, learner_line
 
 EXERCISE = "dispatcher.privateuse1"
 
@@ -124,19 +124,6 @@ def _backend(register_backend):
 _SUGGEST = {"aten::add.out": "add.Tensor", "aten::copy_": "_copy_from"}
 
 
-def _your_line(exc: BaseException) -> str:
-    """' (line N of your code)' for the innermost frame of the answer's code, if any."""
-    import traceback
-    from pathlib import Path
-
-    here = str(Path(__file__).resolve().parent)
-    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        if "/lib/python" not in frame.filename and not frame.filename.startswith(here) \
-                and "/grader/" not in frame.filename:
-            return f" (line {frame.lineno} of your code)"
-    return ""
-
-
 def _guard(where: str, fn):
     """Run fn() (which calls into the answer's kernels through torch) and turn what goes wrong into
     a message that says which program failed: a missing kernel, endless recursion, or an error."""
@@ -154,17 +141,17 @@ def _guard(where: str, fn):
             raise CheckFailure(
                 f"{where}: the dispatcher found no PrivateUse1 kernel for {op}. Register one on lib "
                 f"(lib.impl(\"{name}\", kernel, \"PrivateUse1\")).") from None
-        raise CheckFailure(f"{where}: raised NotImplementedError: {text.splitlines()[0][:200]}{_your_line(exc)}") from None
+        raise CheckFailure(f"{where}: raised NotImplementedError: {text.splitlines()[0][:200]}{learner_line(exc)}") from None
     except RecursionError as exc:
         raise CheckFailure(
-            f"{where}: your kernels call each other endlessly{_your_line(exc)}. Inside a PrivateUse1 kernel, an "
+            f"{where}: your kernels call each other endlessly{learner_line(exc)}. Inside a PrivateUse1 kernel, an "
             "op on a device tensor (dst.copy_(...), a + b) dispatches to your kernels again: work on the CPU "
             "tensors that hold the device tensors' values instead.") from None
     except Exception as exc:  # the answer's kernels raised while torch ran them
         text = (str(exc).strip().splitlines() or [""])[0][:200]
         hint = (" Python numbers reach add.Tensor's kernel as Python scalars (ints, floats), not as tensors."
                 if isinstance(exc, TypeError) else "")
-        raise CheckFailure(f"{where}: raised {type(exc).__name__}: {text}{_your_line(exc)}.{hint}") from None
+        raise CheckFailure(f"{where}: raised {type(exc).__name__}: {text}{learner_line(exc)}.{hint}") from None
 
 
 def _on_device(t, name: str, where: str):

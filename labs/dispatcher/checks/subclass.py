@@ -8,7 +8,7 @@ as ScaledTensors, other outputs (bool and integer tensors, Python numbers) as pl
 """
 from __future__ import annotations
 
-from grader.checks import CheckFailure, check
+from grader.checks import CheckFailure, check, learner_line
 
 EXERCISE = "dispatcher.subclass"
 
@@ -145,19 +145,6 @@ def _match(ScaledTensor, got, want, where: str) -> None:
                 raise CheckFailure(f"{which}: returned {a!r}; torch gives {b!r} on the dense tensors.")
 
 
-def _your_line(exc: BaseException) -> str:
-    """' (line N of your code)' for the innermost frame of the answer's code in exc's traceback."""
-    import traceback
-    from pathlib import Path
-
-    here = str(Path(__file__).resolve().parent)
-    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        if "/lib/python" not in frame.filename and not frame.filename.startswith(here) \
-                and "/grader/" not in frame.filename:
-            return f" (line {frame.lineno} of your code)"
-    return ""
-
-
 def _run_case(ScaledTensor, g, label, shapes, fn, *, dtype=None, scaled=None):
     """Run fn on ScaledTensor inputs and on the dense tensors they stand for; compare the results
     and the inputs afterwards (in-place ops must update the ScaledTensor's value)."""
@@ -182,7 +169,7 @@ def _run_case(ScaledTensor, g, label, shapes, fn, *, dtype=None, scaled=None):
         if isinstance(exc, NotImplementedError) and exc.args == (EXERCISE,):
             raise
         text = (str(exc).strip().splitlines() or [""])[0][:200]
-        raise CheckFailure(f"{where}: raised {type(exc).__name__}: {text}{_your_line(exc)}; on dense tensors "
+        raise CheckFailure(f"{where}: raised {type(exc).__name__}: {text}{learner_line(exc)}; on dense tensors "
                            "torch computes it without error.") from None
     _match(ScaledTensor, got, want, where)
     for k, (x, d) in enumerate(zip(ins, dense)):

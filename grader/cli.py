@@ -13,35 +13,6 @@ from grader.errors import GraderError
 DEFAULT_OUT = Path("build/grades")
 
 
-def _notebooks(paths: list[str]) -> list[Path]:
-    """The notebooks named, and those under the folders named (recursively, skipping hidden
-    folders such as .ipynb_checkpoints and the grader's own *.executed.ipynb)."""
-    found = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            found += sorted(q for q in p.rglob("*.ipynb")
-                            if not q.name.endswith(".executed.ipynb")
-                            and not any(part.startswith(".") for part in q.relative_to(p).parts))
-        elif p.is_file():
-            found.append(p)
-        else:
-            raise GraderError(f"{p}: no such file or folder")
-    if not found:
-        raise GraderError(f"no notebooks found in {', '.join(paths)}")
-    return found
-
-
-def result_names(paths: list[Path]) -> list[str]:
-    """One result name per notebook: its stem, or ``<folder>-<stem>`` where stems collide
-    (``alice/02_autograd.ipynb``, ``bob/02_autograd.ipynb``). GraderError if still ambiguous."""
-    stems = [p.stem for p in paths]
-    names = [f"{p.parent.name}-{p.stem}" if stems.count(p.stem) > 1 else p.stem for p in paths]
-    if dup := sorted({n for n in names if names.count(n) > 1}):
-        raise GraderError(f"several notebooks would write the result {dup[0]}.json; grade them "
-                          "into separate --out folders")
-    return names
-
-
 def cmd_release(args, console: Console) -> int:
     from grader.release import release
 
@@ -54,26 +25,50 @@ def cmd_release(args, console: Console) -> int:
 
 
 def cmd_grade(args, console: Console) -> int:
-    from grader.grade import grade_notebook, new_seed, resolve_device
-    from grader.report import STYLE, print_result
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
+
+    from grader.batch import find_submissions, grade_all
+    from grader.grade import new_seed, resolve_device
+    from grader.report import STYLE, print_result, summary_table
 
     device = resolve_device(args.device)
     seed = new_seed() if args.seed is None else args.seed
-    failed = 0
-    paths = _notebooks(args.paths)
-    for path, name in zip(paths, result_names(paths)):
-        console.print(f"[bold]grading {path}[/bold] (device {device}, seed {seed})")
+    subs = find_submissions(args.paths)
+    console.print(f"grading {len(subs)} notebook(s) on {device}, seed {seed}, "
+                  f"{args.jobs} job(s) -> {args.out}")
 
-        def progress(o):
-            console.print(f"  [{STYLE[o.status]}]{o.status:>7}[/] {o.exercise} "
-                          f"[dim]({o.duration_s:.1f} s)[/dim]")
+    def progress(o):
+        console.print(f"  [{STYLE[o.status]}]{o.status:>7}[/] {o.exercise} "
+                      f"[dim]({o.duration_s:.1f} s)[/dim]")
 
-        result = grade_notebook(path, args.out, device=device, seed=seed, timeout=args.timeout,
-                                name=name, on_outcome=progress)
-        print_result(result, console)
-        console.print(f"[dim]result: {args.out / (name + '.json')}[/dim]\n")
-        failed += result.error is not None
-    return 1 if failed else 0
+    done = {}
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+                   disable=len(subs) == 1)
+    with bar:
+        task = bar.add_task("grading", total=len(subs))
+        for sub, result, reused in grade_all(
+                subs, args.out, device=device, seed=seed, timeout=args.timeout, jobs=args.jobs,
+                force=args.force, on_outcome=progress if len(subs) == 1 else None):
+            done[sub] = (result, reused)
+            bar.advance(task)
+            if len(subs) > 1:
+                bar.console.print(f"  {'reused' if reused else 'graded'} {sub.path}: "
+                                  f"{result.score:g}/{result.max_score:g}")
+    results = [(sub, *done[sub]) for sub in subs]  # a fixed order, whatever the completion order
+    if len(subs) == 1:
+        print_result(results[0][1], console)
+    else:
+        console.print(summary_table(results))
+    console.print(f"[dim]results: {args.out}/<name>.json[/dim]")
+    if any(r.error for _, r, _ in results):
+        return 1
+    if args.fail_under is not None and any(
+            100 * r.score < args.fail_under * r.runnable_max_score for _, r, _ in results):
+        console.print(f"[red]a score is below --fail-under {args.fail_under:g}%[/red]")
+        return 3
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,13 +92,19 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seed for the hidden checks (default: a fresh random one, reported)")
     grade.add_argument("--timeout", type=float, default=None,
                        help="seconds per exercise, overriding the lab table")
+    grade.add_argument("--jobs", type=int, default=1,
+                       help="notebooks graded at once, each in its own kernel (default: 1)")
+    grade.add_argument("--force", action="store_true",
+                       help="grade again even what is unchanged since its result in --out")
+    grade.add_argument("--fail-under", type=float, default=None, metavar="PCT",
+                       help="exit 3 when a score is below PCT%% of what could run here")
     grade.set_defaults(func=cmd_grade)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit code (0 graded, 1 something could not be graded or
-    notebooks/ is stale, 2 bad arguments or input)."""
+    """Run the CLI; returns the exit code: 0 graded, 1 some notebook could not be graded (or
+    notebooks/ is stale), 2 bad arguments, 3 a score below ``--fail-under``."""
     args = build_parser().parse_args(argv)
     console = Console()
     try:

@@ -3,16 +3,19 @@ the ``grader`` engine, and turn the outcomes into a :class:`LabResult` that is a
 even when grading could not happen (then every exercise scores 0 with the reason)."""
 from __future__ import annotations
 
+import hashlib
+import json
 import secrets
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 import papermill
 from papermill.exceptions import PapermillExecutionError
 
-from grader import notebook
+from grader import __version__, notebook
 from grader.assemble import assemble
 from grader.errors import GraderError
 from grader.execute import Outcome  # noqa: F401  (importing registers the "grader" engine)
@@ -62,6 +65,25 @@ def _failed_result(lab: Lab | None, path: Path, env: Environment, reason: str,
                      error=reason)
 
 
+def fingerprint(path: Path, *, device: str, timeout: float | None) -> str:
+    """A digest of everything a result depends on except the seed: the submission's bytes, its
+    lab's table, checks and release, the grader version, the device and the time limit."""
+    h = hashlib.sha256()
+    h.update(json.dumps([__version__, device, timeout]).encode())
+    h.update(path.read_bytes() if path.is_file() else b"")
+    try:
+        lab = load_lab(notebook.lab_of(notebook.read(path), path))
+    except GraderError:
+        return h.hexdigest()
+    lab_dir = lab.root / "labs" / lab.id
+    for f in sorted([*lab_dir.rglob("*.py"), *lab_dir.rglob("*.toml"), lab.release_path]):
+        if not f.is_file():
+            continue
+        h.update(str(f.relative_to(lab.root)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
 def _lab_from_name(path: Path) -> Lab | None:
     try:
         return load_lab(notebook.lab_of({}, path))
@@ -94,6 +116,16 @@ def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int 
         result = _failed_result(lab or _lab_from_name(path), path, env,
                                 f"internal error while grading: {type(exc).__name__}: {exc}",
                                 started)
+    result = replace(result, fingerprint=fingerprint(path, device=device, timeout=timeout))
+    result.write(out_dir / f"{name}.json")
+    return result
+
+
+def record_failure(path: Path, out_dir: Path, *, name: str, device: str, seed: int,
+                   reason: str) -> LabResult:
+    """Write and return the result of a notebook that could not be graded at all, for ``reason``."""
+    result = _failed_result(_lab_from_name(path), path, Environment.current(device, seed), reason,
+                            time.monotonic())
     result.write(out_dir / f"{name}.json")
     return result
 

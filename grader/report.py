@@ -43,3 +43,20 @@ def print_result(result: LabResult, console: Console) -> None:
         console.print(f"[dim]note:[/dim] {note}")
     if result.error:
         console.print(f"[red]grading error:[/red] {result.error}")
+
+
+def summary_table(results) -> Table:
+    """One row per submission of a batch: ``results`` is a list of (Submission, LabResult,
+    reused) in the batch's order."""
+    t = Table(title="batch summary", expand=True)
+    for name in ("learner", "lab", "notebook", "score", "runnable", "statuses"):
+        t.add_column(name, justify="right" if name in ("score", "runnable") else "left")
+    for sub, r, reused in results:
+        counts = {}
+        for e in r.exercises:
+            counts[e.status] = counts.get(e.status, 0) + 1
+        statuses = " ".join(f"[{STYLE[s]}]{n} {s}[/]" for s, n in counts.items())
+        t.add_row(sub.learner, r.lab, str(sub.path) + (" [dim](reused)[/dim]" if reused else ""),
+                  f"{r.score:g}/{r.max_score:g}", f"{r.score:g}/{r.runnable_max_score:g}",
+                  statuses or f"[red]not graded: {r.error}[/]")
+    return t

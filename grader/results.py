@@ -63,7 +63,8 @@ class Environment:
 class LabResult:
     """A graded notebook: lab id, the submission's path, exercises, environment, and notes
     (restored cells, missing answers). ``error`` is set when grading itself failed; the
-    exercises then carry that reason and score 0."""
+    exercises then carry that reason and score 0. ``fingerprint`` digests everything the result
+    depends on but the seed (see :func:`grader.grade.fingerprint`), for resuming a batch."""
 
     lab: str
     notebook: str
@@ -72,6 +73,7 @@ class LabResult:
     duration_s: float = 0.0
     notes: tuple[str, ...] = ()
     error: str | None = None
+    fingerprint: str | None = None
 
     @property
     def score(self) -> float:
@@ -90,7 +92,7 @@ class LabResult:
         return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "lab": self.lab,
                 "notebook": self.notebook, "score": self.score, "max_score": self.max_score,
                 "runnable_max_score": self.runnable_max_score, "duration_s": self.duration_s,
-                "error": self.error, "notes": list(self.notes),
+                "error": self.error, "notes": list(self.notes), "fingerprint": self.fingerprint,
                 "environment": asdict(self.environment),
                 "exercises": [asdict(e) for e in self.exercises]}
 
@@ -101,7 +103,8 @@ class LabResult:
         return cls(lab=data["lab"], notebook=data["notebook"],
                    exercises=tuple(ExerciseResult(**e) for e in data["exercises"]),
                    environment=Environment(**data["environment"]), duration_s=data["duration_s"],
-                   notes=tuple(data["notes"]), error=data["error"])
+                   notes=tuple(data["notes"]), error=data["error"],
+                   fingerprint=data.get("fingerprint"))
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,118 @@
+"""A batch: find the submissions and who they belong to, grade them (in parallel, each in its own
+kernel and working folder), and skip the ones already graded unchanged (resume).
+
+Learners are identified from the path: ``submissions/<learner>/<NN_lab>.ipynb`` (a folder per
+learner) or ``<learner>_<NN_lab>.ipynb`` / ``<learner>_<lab>.ipynb`` (a flat folder); any other
+file name is its own learner. The lab comes from the notebook's metadata (or its file name).
+"""
+from __future__ import annotations
+
+import json
+import re
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Callable, Iterator
+
+from grader.errors import GraderError
+from grader.grade import fingerprint, grade_notebook, record_failure
+from grader.labs import lab_ids
+from grader.results import LabResult
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One notebook to grade: its path, its learner, and ``name``, the stem of its result files
+    in the output folder (unique within the batch)."""
+
+    path: Path
+    learner: str
+    name: str
+
+
+def learner_of(path: Path) -> str:
+    """Who submitted ``path``: the folder of ``<learner>/<NN_lab>.ipynb``, the prefix of
+    ``<learner>_<NN_lab>.ipynb`` or ``<learner>_<lab>.ipynb``, else the file's stem."""
+    stem = path.stem
+    for lab in lab_ids():
+        if re.fullmatch(rf"\d+_{re.escape(lab)}", stem):
+            return path.parent.name or stem
+        if m := re.fullmatch(rf"(.+?)_(?:\d+_)?{re.escape(lab)}", stem):
+            return m.group(1)
+    return stem
+
+
+def find_submissions(paths: list[str]) -> list[Submission]:
+    """The notebooks named, and those under the folders named (recursively, skipping hidden
+    folders such as .ipynb_checkpoints and the grader's own ``*.executed.ipynb``), in a fixed
+    order. Result names are file stems, or ``<folder>-<stem>`` where stems collide.
+
+    Raises GraderError for a missing path, no notebooks, or names that stay ambiguous."""
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found += sorted(q for q in p.rglob("*.ipynb")
+                            if not q.name.endswith(".executed.ipynb")
+                            and not any(part.startswith(".") for part in q.relative_to(p).parts))
+        elif p.is_file():
+            found.append(p)
+        else:
+            raise GraderError(f"{p}: no such file or folder")
+    if not found:
+        raise GraderError(f"no notebooks found in {', '.join(paths)}")
+    stems = [p.stem for p in found]
+    names = [f"{p.parent.name}-{p.stem}" if stems.count(p.stem) > 1 else p.stem for p in found]
+    if dup := sorted({n for n in names if names.count(n) > 1}):
+        raise GraderError(f"several notebooks would write the result {dup[0]}.json; grade them "
+                          "into separate --out folders")
+    return [Submission(p, learner_of(p), n) for p, n in zip(found, names)]
+
+
+def previous(out_dir: Path, sub: Submission, print_: str) -> LabResult | None:
+    """The result already in ``out_dir`` for ``sub`` if it has fingerprint ``print_``."""
+    try:
+        data = json.loads((out_dir / f"{sub.name}.json").read_text(encoding="utf-8"))
+        result = LabResult.from_dict(data)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return result if result.fingerprint == print_ else None
+
+
+def _grade_one(sub: Submission, out_dir: Path, device: str, seed: int,
+               timeout: float | None) -> LabResult:
+    return grade_notebook(sub.path, out_dir, device=device, seed=seed, timeout=timeout,
+                          name=sub.name)
+
+
+def grade_all(subs: list[Submission], out_dir: Path, *, device: str, seed: int,
+              timeout: float | None, jobs: int = 1, force: bool = False,
+              on_outcome: Callable | None = None) -> Iterator[tuple[Submission, LabResult, bool]]:
+    """Grade ``subs``, yielding ``(submission, result, reused)`` as each finishes (in completion
+    order; callers sort). A submission whose result in ``out_dir`` has the same fingerprint is
+    reused unless ``force``. ``jobs`` > 1 grades in that many worker processes, each notebook in
+    its own kernel and temporary folder; ``on_outcome`` (per exercise) works with ``jobs`` == 1."""
+    todo = []
+    for sub in subs:
+        old = None if force else previous(out_dir, sub, fingerprint(sub.path, device=device,
+                                                                     timeout=timeout))
+        if old is not None:
+            yield sub, old, True
+        else:
+            todo.append(sub)
+    if jobs <= 1:
+        for sub in todo:
+            yield sub, grade_notebook(sub.path, out_dir, device=device, seed=seed,
+                                      timeout=timeout, name=sub.name, on_outcome=on_outcome), False
+        return
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(_grade_one, sub, out_dir, device, seed, timeout): sub
+                   for sub in todo}
+        for future in as_completed(futures):
+            sub = futures[future]
+            try:
+                result = future.result()
+            except Exception as exc:  # the worker process itself died (killed, out of memory)
+                result = record_failure(sub.path, out_dir, name=sub.name, device=device, seed=seed,
+                                        reason=f"the grading worker died: {type(exc).__name__}: {exc}")
+            yield sub, result, False

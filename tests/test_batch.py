@@ -1,0 +1,89 @@
+"""Batches: who submitted what, parallel grading equal to serial, resume, CI exit codes."""
+import copy
+import shutil
+from pathlib import Path
+
+import pytest
+
+from grader import notebook
+from grader.batch import find_submissions, grade_all, learner_of
+from grader.cli import main
+from tests.conftest import FIXTURES
+
+RELEASE = notebook.read(FIXTURES / "notebooks" / "90_toy.ipynb")
+
+
+@pytest.mark.parametrize("path, learner", [
+    ("subs/alice/90_toy.ipynb", "alice"),
+    ("subs/bob_90_toy.ipynb", "bob"),
+    ("subs/carol_toy.ipynb", "carol"),
+    ("subs/dan_smith_90_toy.ipynb", "dan_smith"),
+    ("subs/whatever.ipynb", "whatever"),
+])
+def test_learners_are_named_by_folder_or_file_prefix(path, learner):
+    assert learner_of(Path(path)) == learner
+
+
+def _class(root: Path) -> Path:
+    """A class folder: a reference, a stub, a half-right and a broken submission."""
+    subs = root / "subs"
+    for learner in ("ann", "ben", "cid", "dee"):
+        (subs / learner).mkdir(parents=True)
+    shutil.copy(FIXTURES / "solutions" / "90_toy.ipynb", subs / "ann" / "90_toy.ipynb")
+    shutil.copy(FIXTURES / "notebooks" / "90_toy.ipynb", subs / "ben" / "90_toy.ipynb")
+    half = copy.deepcopy(RELEASE)
+    for cell in half.cells:
+        if notebook.role(cell) == "answer" and notebook.exercise_of(cell) == "toy.mul":
+            cell.source = "def mul(a, b):\n    return a * b"
+    notebook.write(half, subs / "cid" / "90_toy.ipynb")
+    (subs / "dee" / "90_toy.ipynb").write_text("{broken")
+    return subs
+
+
+def _comparable(result):
+    return (result.lab, result.score, result.error is not None,
+            [(e.id, e.status, e.points, e.message) for e in result.exercises])
+
+
+def test_two_jobs_grade_exactly_as_one(tmp_path):
+    subs = find_submissions([str(_class(tmp_path))])
+    assert [s.learner for s in subs] == ["ann", "ben", "cid", "dee"]
+    serial = {s.learner: r for s, r, _ in grade_all(subs, tmp_path / "one", device="cpu",
+                                                    seed=5, timeout=None, jobs=1)}
+    parallel = {s.learner: r for s, r, _ in grade_all(subs, tmp_path / "two", device="cpu",
+                                                      seed=5, timeout=None, jobs=2)}
+    assert {k: _comparable(v) for k, v in serial.items()} == \
+        {k: _comparable(v) for k, v in parallel.items()}
+    assert [serial[k].score for k in ("ann", "ben", "cid")] == [3, 0, 2]
+    assert serial["dee"].error and "not a readable Jupyter notebook" in serial["dee"].error
+
+
+def test_resume_reuses_unchanged_work_and_regrades_changes(tmp_path):
+    subs = find_submissions([str(_class(tmp_path))])
+    out = tmp_path / "out"
+    first = {s.learner: reused for s, _, reused in grade_all(subs, out, device="cpu", seed=1,
+                                                             timeout=None)}
+    assert not any(first.values())
+    (tmp_path / "subs" / "ben" / "90_toy.ipynb").write_bytes(
+        (FIXTURES / "solutions" / "90_toy.ipynb").read_bytes())  # ben finishes his work
+    second = {s.learner: (reused, r.score) for s, r, reused in grade_all(
+        subs, out, device="cpu", seed=2, timeout=None)}
+    assert second == {"ann": (True, 3), "ben": (False, 3), "cid": (True, 2), "dee": (True, 0)}
+    forced = [reused for _, _, reused in grade_all(subs[:1], out, device="cpu", seed=2,
+                                                   timeout=None, force=True)]
+    assert forced == [False]
+    changed_limit = [reused for _, _, reused in grade_all(subs[:1], out, device="cpu", seed=2,
+                                                          timeout=7)]
+    assert changed_limit == [False]  # a different time limit is a different grading
+
+
+def test_ci_exit_codes(tmp_path, capsys):
+    subs = _class(tmp_path)
+    shutil.rmtree(subs / "dee")
+    out = str(tmp_path / "out")
+    assert main(["grade", str(subs / "ann"), "--out", out, "--device", "cpu",
+                 "--fail-under", "100"]) == 0
+    assert main(["grade", str(subs), "--out", out, "--device", "cpu", "--jobs", "2",
+                 "--fail-under", "50"]) == 3  # ben scores 0
+    assert "below --fail-under 50%" in capsys.readouterr().out
+    assert main(["grade", str(subs), "--out", out, "--device", "cpu"]) == 0

@@ -5,6 +5,8 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 OUT     ?= build/grades
 SUBMISSION ?= solutions
+# e.g. GRADE_ARGS="--jobs 2 --device cuda --seed 1234 --fail-under 60"
+GRADE_ARGS ?=
 
 .PHONY: grade test lab release venv clean
 
@@ -19,7 +21,7 @@ venv: $(STAMP)
 
 # Grade every lab in solutions/ (full marks expected), or SUBMISSION=a notebook or a folder.
 grade: $(STAMP)
-	$(PY) -m grader grade $(SUBMISSION) --out $(OUT)
+	$(PY) -m grader grade $(SUBMISSION) --out $(OUT) $(GRADE_ARGS)
 
 # The whole suite: the release is current, the solution notebooks run top to bottom (nbval,
 # lax mode), the grader's and every exercise's tests.

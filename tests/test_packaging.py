@@ -1,5 +1,7 @@
 """Project files agree with each other."""
 import re
+import subprocess
+import sys
 import tomllib
 
 import yaml
@@ -27,3 +29,11 @@ def test_torch_is_pinned_exactly():
 def test_ci_runs_the_readme_test_command():
     assert "make test" in (ROOT / ".ci" / "run").read_text()
     assert "make test" in (ROOT / "README.md").read_text()
+
+
+def test_workflow_examples_are_valid_github_workflows():
+    files = sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.yml"))
+    assert len(files) == 2
+    run = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema",
+                          "vendor.github-workflows", *files], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr

@@ -60,8 +60,8 @@ def assemble(release: NotebookNode, submission: NotebookNode, lab: Lab, *, seed:
              device: str, skipped: dict[str, str] | None = None) -> Assembled:
     """Build the notebook to grade (``release`` and ``submission`` are not modified).
 
-    ``skipped`` maps exercise ids whose requirements are unmet to the reason; they get no grade
-    cell."""
+    ``skipped`` maps exercise ids whose requirements are unmet to the reason: their answer cells
+    do not run (a CUDA answer could fail or hang on a CPU runner) and they get no grade cell."""
     skipped = dict(skipped or {})
     kept = {c.id: c for c in release.cells if notebook.role(c) != "answer"}
     attached: dict[str | None, list[NotebookNode]] = {}
@@ -77,6 +77,8 @@ def assemble(release: NotebookNode, submission: NotebookNode, lab: Lab, *, seed:
             continue
         if notebook.role(cell) == "answer":
             answered.add(notebook.exercise_of(cell))
+            if notebook.exercise_of(cell) in skipped:
+                continue
         attached.setdefault(anchor, []).append(_learner_cell(cell))
 
     cells = list(attached.get(None, []))

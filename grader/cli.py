@@ -29,6 +29,7 @@ def cmd_grade(args, console: Console) -> int:
                                TimeElapsedColumn, TimeRemainingColumn)
 
     from grader.batch import find_submissions, grade_all
+    from grader.exports import Graded, write_reports
     from grader.grade import new_seed, resolve_device
     from grader.report import STYLE, print_result, summary_table
 
@@ -61,7 +62,16 @@ def cmd_grade(args, console: Console) -> int:
         print_result(results[0][1], console)
     else:
         console.print(summary_table(results))
-    console.print(f"[dim]results: {args.out}/<name>.json[/dim]")
+    graded = [Graded(name=sub.name, learner=sub.learner, result=r,
+                     executed=executed if (executed := args.out / f"{sub.name}.executed.ipynb")
+                     .is_file() else None) for sub, r, _ in results]
+    try:
+        write_reports(graded, args.out)
+    except ValueError as exc:  # e.g. two results for one learner and lab
+        console.print(f"[red]reports not written:[/red] {exc}")
+        return 1
+    console.print(f"[dim]results: {args.out}/<name>.json; reports: gradebook.csv, junit.xml, "
+                  "summary.html, feedback/, gradescope/[/dim]")
     if any(r.error for _, r, _ in results):
         return 1
     if args.fail_under is not None and any(

@@ -13,6 +13,7 @@ from importlib import metadata
 from pathlib import Path
 
 from grader import __version__
+from grader.files import atomic_write
 
 SCHEMA = "pytorch-internals-course/lab-result"
 SCHEMA_VERSION = 1
@@ -107,4 +108,5 @@ class LabResult:
                    fingerprint=data.get("fingerprint"))
 
     def write(self, path: Path) -> None:
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+        """Write the JSON to ``path`` atomically (an interrupted run leaves no partial file)."""
+        atomic_write(path, json.dumps(self.to_dict(), indent=2) + "\n")

@@ -99,7 +99,7 @@ def test_copied_cells_get_unique_ids_and_fake_check_roles_are_dropped():
     assert sum(notebook.role(c) == "grade" for c in built.nb.cells) == 3
 
 
-def test_skipped_exercises_get_no_grade_cell():
+def test_skipped_exercises_neither_run_their_answers_nor_get_a_grade_cell():
     built = _run(_submission(), skipped={"toy.gpu": "needs cuda"})
-    assert "grade-toy-gpu" not in _ids(built.nb)
+    assert "grade-toy-gpu" not in _ids(built.nb) and "gpu-answer" not in _ids(built.nb)
     assert built.skipped == {"toy.gpu": "needs cuda"}

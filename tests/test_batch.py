@@ -1,5 +1,7 @@
 """Batches: who submitted what, parallel grading equal to serial, resume, CI exit codes."""
 import copy
+import json
+import re
 import shutil
 from pathlib import Path
 
@@ -87,3 +89,29 @@ def test_ci_exit_codes(tmp_path, capsys):
                  "--fail-under", "50"]) == 3  # ben scores 0
     assert "below --fail-under 50%" in capsys.readouterr().out
     assert main(["grade", str(subs), "--out", out, "--device", "cpu"]) == 0
+
+
+def _without_times(data):
+    """A report with its wall-clock fields (times, start stamps) removed."""
+    if isinstance(data, dict):
+        return {k: _without_times(v) for k, v in data.items()
+                if k not in ("execution_time", "duration_s", "started_at")}
+    if isinstance(data, list):
+        return [_without_times(v) for v in data]
+    return re.sub(r"started \S+", "", data) if isinstance(data, str) else data
+
+
+def test_two_jobs_write_the_same_reports_as_one(tmp_path):
+    subs = str(_class(tmp_path))
+    for jobs in ("1", "2"):
+        assert main(["grade", subs, "--out", str(tmp_path / jobs), "--device", "cpu",
+                     "--seed", "4", "--jobs", jobs]) == 1  # dee's broken file: exit 1
+    one, two = tmp_path / "1", tmp_path / "2"
+    assert (one / "gradebook.csv").read_text() == (two / "gradebook.csv").read_text()
+    rows = (one / "gradebook.csv").read_text().splitlines()
+    assert [r.split(",")[0] for r in rows] == ["learner", "ann", "ben", "cid", "dee"]
+    for name in ("ann-90_toy", "ben-90_toy", "cid-90_toy"):
+        a, b = (json.loads((d / "gradescope" / f"{name}.json").read_text()) for d in (one, two))
+        assert _without_times(a) == _without_times(b)
+        assert (one / "feedback" / f"{name}.html").is_file()
+    assert "<img" in (one / "summary.html").read_text()

@@ -5,7 +5,8 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 OUT     ?= build/grades
 SUBMISSION ?= solutions
-# e.g. GRADE_ARGS="--jobs 2 --device cuda --seed 1234 --fail-under 60"
+JOBS    ?= $(shell nproc 2>/dev/null || echo 1)
+# e.g. GRADE_ARGS="--device cuda --seed 1234 --fail-under 60 --force"
 GRADE_ARGS ?=
 
 .PHONY: grade test lab release venv clean
@@ -21,7 +22,7 @@ venv: $(STAMP)
 
 # Grade every lab in solutions/ (full marks expected), or SUBMISSION=a notebook or a folder.
 grade: $(STAMP)
-	$(PY) -m grader grade $(SUBMISSION) --out $(OUT) $(GRADE_ARGS)
+	$(PY) -m grader grade $(SUBMISSION) --out $(OUT) --jobs $(JOBS) $(GRADE_ARGS)
 
 # The whole suite: the release is current, the solution notebooks run top to bottom (nbval,
 # lax mode), the grader's and every exercise's tests.

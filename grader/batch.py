@@ -91,7 +91,8 @@ def grade_all(subs: list[Submission], out_dir: Path, *, device: str, seed: int,
     """Grade ``subs``, yielding ``(submission, result, reused)`` as each finishes (in completion
     order; callers sort). A submission whose result in ``out_dir`` has the same fingerprint is
     reused unless ``force``. ``jobs`` > 1 grades in that many worker processes, each notebook in
-    its own kernel and temporary folder; ``on_outcome`` (per exercise) works with ``jobs`` == 1."""
+    its own kernel and temporary folder; ``on_outcome`` (per exercise) is called only when
+    grading runs in this process (one job, or one notebook to grade)."""
     todo = []
     for sub in subs:
         old = None if force else previous(out_dir, sub, fingerprint(sub.path, device=device,
@@ -100,7 +101,7 @@ def grade_all(subs: list[Submission], out_dir: Path, *, device: str, seed: int,
             yield sub, old, True
         else:
             todo.append(sub)
-    if jobs <= 1:
+    if jobs <= 1 or len(todo) <= 1:
         for sub in todo:
             yield sub, grade_notebook(sub.path, out_dir, device=device, seed=seed,
                                       timeout=timeout, name=sub.name, on_outcome=on_outcome), False

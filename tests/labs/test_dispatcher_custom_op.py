@@ -1,5 +1,7 @@
 """dispatcher.custom-op: plausible wrong register_op answers fail, called directly through run_checks.
 The reference and the stub are tested for every exercise in test_exercise_contract.py."""
+import re
+
 import pytest
 import torch
 
@@ -26,6 +28,8 @@ def _register(qualname, *, kernel=_smooth_max, fake="right", backward="right", a
         smooth_max.register_fake(lambda x, t: torch.empty_like(x))
     elif fake == "float32":                         # forgets the input's dtype
         smooth_max.register_fake(lambda x, t: torch.empty(x.shape[:-1], device=x.device))
+    elif fake == "default_device":                  # forgets the input's device: cpu, also for meta
+        smooth_max.register_fake(lambda x, t: torch.empty(x.shape[:-1], dtype=x.dtype))
     elif fake == "reads_values":                    # a data-dependent fake kernel
         smooth_max.register_fake(lambda x, t: _smooth_max(x, t) * (x.max().item() > -1e9))
 
@@ -61,6 +65,16 @@ def _naive_kernel(x, temperature):
     return temperature * torch.log(torch.exp(x / temperature).sum(-1))
 
 
+def _amax_shortcut_kernel(x, temperature):
+    """The maximum itself for small temperatures, where the two 'look' the same."""
+    return x.amax(-1) if temperature <= 0.05 else temperature * torch.logsumexp(x / temperature, -1)
+
+
+def _float32_kernel(x, temperature):
+    """Computes in float32 and casts back: float64 inputs lose precision."""
+    return (temperature * torch.logsumexp(x.float() / temperature, -1)).to(x.dtype)
+
+
 def _mutating_kernel(x, temperature):
     x.div_(temperature)                             # scales the input in place to save a copy
     return temperature * torch.logsumexp(x, dim=-1)
@@ -80,6 +94,8 @@ WRONG = {
     "no fake kernel": (lambda q: _register(q, fake=None), "fake"),
     "fake kernel keeps the input's shape": (lambda q: _register(q, fake="empty_like"), "test_faketensor"),
     "fake kernel ignores the dtype": (lambda q: _register(q, fake="float32"), "test_faketensor"),
+    "fake kernel ignores the device": (lambda q: _register(q, fake="default_device"),
+                                       "a meta input must give a meta output"),
     "fake kernel reads values": (lambda q: _register(q, fake="reads_values"), "opcheck"),
     "no autograd formula": (lambda q: _register(q, autograd=False), "autograd"),
     "backward forgets the temperature": (lambda q: _register(q, backward="forgets_temperature"), "gradcheck"),
@@ -87,6 +103,9 @@ WRONG = {
                                             "gradcheck"),
     "backward ignores grad": (lambda q: _register(q, backward="ignores_grad"), "gradcheck"),
     "kernel overflows for large inputs": (lambda q: _register(q, kernel=_naive_kernel), "overflows"),
+    "amax shortcut for small temperatures": (lambda q: _register(q, kernel=_amax_shortcut_kernel),
+                                             "entries within a few temperatures of each other"),
+    "kernel computes in float32": (lambda q: _register(q, kernel=_float32_kernel), "float32 rounding"),
     "kernel mutates its input": (lambda q: _register(q, kernel=_mutating_kernel), "modified its input"),
     "a plain function, not an operator": (_plain_function, "registered no operator"),
     "ignores the qualname": (_fixed_name, "registered no operator"),
@@ -101,3 +120,15 @@ def test_plausible_wrong_answers_fail(name):
     assert v.status in ("failed", "error"), (name, v.message)
     assert phrase in v.message, (name, v.message)
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_value_messages_quote_distinct_numbers():
+    """A float64 answer that lost precision in float32: the message quotes two different numbers, their
+    difference, and says where the precision went."""
+    v = run_checks(EX, WRONG["kernel computes in float32"][0], seed=0, hidden=True)
+    found = re.search(r"is (\S+); temperature \* logsumexp\(x / temperature, dim=-1\) gives (\S+) \(difference",
+                      v.message)
+    assert found, v.message
+    mine, ref = found.groups()
+    assert mine != ref and float(mine) != float(ref), v.message
+    assert "Compute in the input's dtype" in v.message, v.message

@@ -14,6 +14,7 @@ import itertools
 import warnings
 
 from grader.checks import CheckFailure, check
+from labs.dispatcher.checks._numbers import mismatch
 
 EXERCISE = "dispatcher.custom-op"
 _NAMESPACE = "course_checks"
@@ -123,11 +124,10 @@ def _compare_values(op, x, temperature, where):
             "temperature * logsumexp(x / temperature) is finite: exp(x / temperature) overflows. Use "
             "torch.logsumexp, or subtract the row maximum before exponentiating.")
     if not torch.allclose(got, want, **tol):
-        i = (got - want).abs().argmax()
+        i, mine, ref, note = mismatch(got, want)
         raise CheckFailure(
-            f"{where}: for x of shape {tuple(x.shape)} and temperature {temperature}, output element {int(i)} "
-            f"is {got.flatten()[i].item():.6g}; temperature * logsumexp(x / temperature, dim=-1) gives "
-            f"{want.flatten()[i].item():.6g}.")
+            f"{where}: for x of shape {tuple(x.shape)} and temperature {temperature}, output element {i} "
+            f"is {mine}; temperature * logsumexp(x / temperature, dim=-1) gives {ref}{note}")
 
 
 def _vjp(fn, x, temperature, v):
@@ -163,12 +163,11 @@ def _check_grads(op, x, temperature, where, g):
                            "to broadcast along the reduced dimension.")
     tol = dict(rtol=1e-5, atol=1e-6) if x.dtype == torch.float32 else dict(rtol=1e-7, atol=1e-9)
     if not torch.allclose(mine, want, **tol):
-        i = (mine - want).abs().nan_to_num(float("inf")).argmax()
+        i, got, ref, note = mismatch(mine, want)
         raise CheckFailure(
-            f"{where}: for x of shape {tuple(x.shape)} and temperature {temperature}, element {int(i)} of the "
-            f"gradient is {mine.flatten()[i].item():.6g}; torch's autograd of the reference gives "
-            f"{want.flatten()[i].item():.6g}. d/dx [t * logsumexp(x / t)] = softmax(x / t) along the last "
-            "dimension, times grad (unsqueezed).")
+            f"{where}: for x of shape {tuple(x.shape)} and temperature {temperature}, element {i} of the "
+            f"gradient is {got}; torch's autograd of the reference gives {ref}{note} "
+            "d/dx [t * logsumexp(x / t)] = softmax(x / t) along the last dimension, times grad (unsqueezed).")
 
 
 _OPCHECK_HINTS = {
@@ -293,16 +292,18 @@ def compiles_to_one_graph(register_op, ctx):
                 "a custom op must stay one opaque node in the graph.")
         real = _reference(x.detach() * w.detach(), t)
         traced = nodes[0].meta.get("example_value")
-        if traced is not None and (tuple(traced.shape) != tuple(real.shape) or traced.dtype != real.dtype):
+        if traced is not None and (tuple(traced.shape) != tuple(real.shape) or traced.dtype != real.dtype
+                                   or traced.device != real.device):
             raise CheckFailure(
-                f"while tracing, your fake kernel said the output has shape {tuple(traced.shape)} and dtype "
-                f"{traced.dtype}; the real kernel returns shape {tuple(real.shape)}, dtype {real.dtype}. "
-                "Return x.new_empty(x.shape[:-1]) from the fake kernel.")
+                f"while tracing, your fake kernel said the output has shape {tuple(traced.shape)}, dtype "
+                f"{traced.dtype}, device {traced.device}; the real kernel returns shape {tuple(real.shape)}, "
+                f"dtype {real.dtype}, device {real.device}. Return x.new_empty(x.shape[:-1]) from the fake kernel.")
         xs, ws = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
         want = (_reference(xs * ws, t).sin() + 1).sum()
         want.backward()
         if not torch.allclose(out.detach(), want.detach(), rtol=1e-7, atol=1e-9):
-            raise CheckFailure(f"the compiled program returned {out.item():.6g}; eager torch gives {want.item():.6g}.")
+            _, got, ref, note = mismatch(out, want)
+            raise CheckFailure(f"the compiled program returned {got}; eager torch gives {ref}{note}")
         for name, mine, ref in (("x", x.grad, xs.grad), ("w", w.grad, ws.grad)):
             if mine is None or not torch.allclose(mine, ref, rtol=1e-6, atol=1e-8):
                 raise CheckFailure(
@@ -310,11 +311,30 @@ def compiles_to_one_graph(register_op, ctx):
                     "AOTAutograd traces your backward formula: check setup_context and backward.")
 
 
+_DEVICE_HINT = ("The fake kernel must put the output on x's device: allocate it with "
+                "x.new_empty(x.shape[:-1]), or pass device=x.device (and dtype=x.dtype) to torch.empty; "
+                "torch.empty without device= allocates on the default device, cpu.")
+
+
+def _run_fake(op, make_x, t, shape, dtype, where):
+    """op on the FakeTensor that make_x() creates under a fresh FakeTensorMode: (fake x, output)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        try:
+            fx = make_x(mode)
+            return fx, op(fx, t)
+        except Exception as exc:
+            raise CheckFailure(
+                f"running the operator under FakeTensorMode failed for x of shape {shape}, dtype {dtype}"
+                f"{where}: {_first_line(exc)}. The fake kernel may use only x's metadata "
+                "(shape, dtype, device), never its values (.item(), .tolist(), numpy).") from None
+
+
 @check(EXERCISE, hidden=True)
 def fake_kernel_metadata(register_op, ctx):
     """the fake kernel reports the real output's shape, dtype and device on random shapes"""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
     g = ctx.generator(44)
 
@@ -329,14 +349,7 @@ def fake_kernel_metadata(register_op, ctx):
                 x = torch.randn(shape, generator=g).to(dtype)
                 t = _temperature(g)
                 real = op(x, t)
-                with FakeTensorMode() as mode:
-                    try:
-                        fake = op(mode.from_tensor(x), t)
-                    except Exception as exc:
-                        raise CheckFailure(
-                            f"running the operator under FakeTensorMode failed for x of shape {shape}, dtype "
-                            f"{dtype}: {_first_line(exc)}. The fake kernel may use only x's metadata "
-                            "(shape, dtype, device), never its values (.item(), .tolist(), numpy).") from None
+                _, fake = _run_fake(op, lambda mode: mode.from_tensor(x), t, shape, dtype, "")
                 for what, mine, want in (("shape", tuple(fake.shape), tuple(real.shape)),
                                          ("dtype", fake.dtype, real.dtype), ("device", fake.device, real.device)):
                     if mine != want:
@@ -349,11 +362,25 @@ def fake_kernel_metadata(register_op, ctx):
                         f"on a meta tensor of shape {shape} (register_fake also serves the Meta key), the "
                         f"operator returned shape {tuple(meta.shape)}, dtype {meta.dtype}; expected "
                         f"{tuple(real.shape)}, {real.dtype}.")
+                if meta.device.type != "meta":
+                    raise CheckFailure(
+                        f"on a meta tensor of shape {shape}, dtype {dtype} (register_fake also serves the Meta "
+                        f"key), the operator returned a tensor on {meta.device}; a meta input must give a meta "
+                        f"output. {_DEVICE_HINT}")
+            # A FakeTensor on another device than the real inputs' (fake tensors need no such device).
+            other = "cpu" if real.device.type == "cuda" else "cuda"
+            fx, fake = _run_fake(op, lambda mode: torch.empty(shape, dtype=dtype, device=other), t, shape,
+                                 dtype, f" on the fake device {other}")
+            if fake.device != fx.device:
+                raise CheckFailure(
+                    f"under FakeTensorMode, for a fake x on {fx.device} of shape {shape}, dtype {dtype}, the fake "
+                    f"kernel says the output is on {fake.device}; it must be on x's device, {fx.device}. "
+                    f"{_DEVICE_HINT}")
 
 
 @check(EXERCISE, hidden=True)
 def random_inputs(register_op, ctx):
-    """values and gradients match torch on random shapes, temperatures and large inputs"""
+    """values and gradients match torch on random shapes, temperatures (small ones too) and large inputs"""
     import torch
 
     g = ctx.generator(45)
@@ -370,6 +397,18 @@ def random_inputs(register_op, ctx):
                 t = _temperature(g) if spread == 1.0 else 0.05
                 where = f"for x of shape {shape}, {dtype}" + (" with entries in the hundreds" if spread > 1 else "")
                 _compare_values(op, x, t, where)
+                if dtype == torch.float64:
+                    _check_grads(op, x, t, where, g)
+        # Small temperatures on entries within a few temperatures of each other: there the result
+        # is well above x.amax(-1) (by up to t * log(n)), so no shortcut through the maximum.
+        for t in (0.05, 0.01, 0.001):
+            shape = (ri(1, 4), ri(3, 9))
+            x = torch.randn((), generator=g, dtype=torch.float64) * 3 + torch.randn(
+                shape, generator=g, dtype=torch.float64) * t
+            for dtype in (torch.float32, torch.float64):
+                where = (f"{str(dtype)[6:]} x with entries within a few temperatures of each other, where the "
+                         "result lies above x.amax(-1) by up to t * log(n)")
+                _compare_values(op, x.to(dtype), t, where)
                 if dtype == torch.float64:
                     _check_grads(op, x, t, where, g)
         x = torch.randn(5, 4, generator=g, dtype=torch.float64).t()          # not contiguous

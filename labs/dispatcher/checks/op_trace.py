@@ -1,5 +1,5 @@
 """Checks of ``dispatcher.op-trace``: ``OpTrace``, a ``TorchDispatchMode`` whose ``ops`` list records
-every aten overload (``OpOverload``) that reaches the Python dispatch key while the mode is active,
+every ``OpOverload`` that reaches the mode (aten operators, in practice) while it is active,
 in call order, forward and backward, and whose ``nodes`` list records, for each of them, the name of
 the autograd Node whose backward issued it (``torch._C._current_autograd_node()``), or None.
 
@@ -194,7 +194,7 @@ def _mode(OpTrace):
         raise CheckFailure(
             f"OpTrace is {OpTrace!r}; it must be a class that subclasses "
             "torch.utils._python_dispatch.TorchDispatchMode (a TorchFunctionMode sees torch "
-            "API calls, not the aten overloads the dispatcher runs).")
+            "API calls, not the OpOverloads the dispatcher runs).")
     mode = OpTrace()
     for attr in ("ops", "nodes"):
         if not isinstance(getattr(mode, attr, None), list):

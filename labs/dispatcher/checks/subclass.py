@@ -9,6 +9,7 @@ as ScaledTensors, other outputs (bool and integer tensors, Python numbers) as pl
 from __future__ import annotations
 
 from grader.checks import CheckFailure, check, learner_line
+from labs.dispatcher.checks._numbers import mismatch
 
 EXERCISE = "dispatcher.subclass"
 
@@ -129,10 +130,10 @@ def _match(ScaledTensor, got, want, where: str) -> None:
                                        f"ScaledTensor says {tuple(b.shape)}: build the wrapper from inner's shape.")
                 rtol, atol = _tolerance(b)
                 if not torch.allclose(value.detach(), b.detach(), rtol=rtol, atol=atol, equal_nan=True):
-                    i = (value.detach() - b.detach()).abs().nan_to_num(float("inf")).argmax()
+                    i, mine, ref, note = mismatch(value, b)
                     raise CheckFailure(
-                        f"{which}: value element {int(i)} is {value.flatten()[i].item():.6g} (inner * scale); "
-                        f"the same program on dense tensors gives {b.flatten()[i].item():.6g}.")
+                        f"{which}: value element {i} is {mine} (inner * scale); the same program on dense "
+                        f"tensors gives {ref}{note}")
             else:
                 if type(a) is not torch.Tensor:
                     raise CheckFailure(
@@ -401,10 +402,10 @@ def _autograd_case(ScaledTensor, g, label, shapes, kinds, program):
             raise CheckFailure(f"{where}: {name} has shape {tuple(value.shape)}; dense autograd's has "
                                f"{tuple(ref.shape)}.")
         if not torch.allclose(value.detach(), ref, rtol=rtol, atol=atol):
-            i = (value.detach() - ref).abs().nan_to_num(float("inf")).argmax()
+            i, got, want, note = mismatch(value, ref)
             raise CheckFailure(
-                f"{where}: element {int(i)} of {name} is {value.flatten()[i].item():.6g} (as inner * scale); "
-                f"dense autograd gives {ref.flatten()[i].item():.6g}. The backward pass runs aten ops on "
+                f"{where}: element {i} of {name} is {got} (as inner * scale); dense autograd gives {want}{note} "
+                "The backward pass runs aten ops on "
                 "ScaledTensors too (the incoming gradient is one): check the rules those ops hit in your "
                 "__torch_dispatch__ (mm and bmm, views, in-place).")
 
@@ -445,8 +446,8 @@ def matmul_multiplies_scales(ScaledTensor, ctx):
         _match(ScaledTensor, out, fn(A * s1, B * s2), where)
         if abs(out.scale - s1 * s2) > 1e-9 * abs(s1 * s2) or not torch.allclose(_dense(out.inner), fn(A, B)):
             raise CheckFailure(
-                f"{where}: the result has scale {out.scale}; expected inner = a.inner @ b.inner and scale = "
-                f"a.scale * b.scale = {s1 * s2:.6g}. Handle aten.mm and aten.bmm on two ScaledTensors without "
+                f"{where}: the result has scale {out.scale!r}; expected inner = a.inner @ b.inner and scale = "
+                f"a.scale * b.scale = {s1 * s2!r}. Handle aten.mm and aten.bmm on two ScaledTensors without "
                 "forming the dense values: (s_a A) @ (s_b B) = (s_a s_b) (A @ B).")
     _run_case(ScaledTensor, g, "a @ w (w a plain tensor)", [(3, 4), (4, 2)], lambda a, w: a @ w, scaled=[True, False])
     _run_case(ScaledTensor, g, "w @ a (w a plain tensor)", [(2, 3), (3, 4)], lambda w, a: w @ a, scaled=[False, True])

@@ -8,13 +8,15 @@ SUBMISSION ?= solutions
 JOBS    ?= $(shell nproc 2>/dev/null || echo 1)
 # e.g. GRADE_ARGS="--device cuda --seed 1234 --fail-under 60 --force"
 GRADE_ARGS ?=
+# e.g. TORCH_PIP_ARGS="--index-url <the CPU wheel index>" (see README: Why torch is pinned)
+TORCH_PIP_ARGS ?=
 
 .PHONY: grade test lab release venv clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet torch==2.13.0 $(TORCH_PIP_ARGS)
 	$(PY) -m pip install --quiet -e .
 	touch $(STAMP)
 

@@ -38,7 +38,7 @@ def learner_of(path: Path) -> str:
     for lab in lab_ids():
         if re.fullmatch(rf"\d+_{re.escape(lab)}", stem):
             return path.parent.name or stem
-        if m := re.fullmatch(rf"(.+?)_(?:\d+_)?{re.escape(lab)}", stem):
+        if m := re.fullmatch(rf"(.+?)[ _-]+(?:\d+_)?{re.escape(lab)}", stem):
             return m.group(1)
     return stem
 
@@ -46,9 +46,11 @@ def learner_of(path: Path) -> str:
 def find_submissions(paths: list[str]) -> list[Submission]:
     """The notebooks named, and those under the folders named (recursively, skipping hidden
     folders such as .ipynb_checkpoints and the grader's own ``*.executed.ipynb``), in a fixed
-    order. Result names are file stems, or ``<folder>-<stem>`` where stems collide.
+    order. Result names do not depend on what else is in the batch: the file's stem when it
+    starts with the learner's name (``alice_02_autograd``), else ``<learner>-<stem>``
+    (``alice-02_autograd`` for ``alice/02_autograd.ipynb``).
 
-    Raises GraderError for a missing path, no notebooks, or names that stay ambiguous."""
+    Raises GraderError for a missing path, no notebooks, or two notebooks with one name."""
     found: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
@@ -61,42 +63,51 @@ def find_submissions(paths: list[str]) -> list[Submission]:
             raise GraderError(f"{p}: no such file or folder")
     if not found:
         raise GraderError(f"no notebooks found in {', '.join(paths)}")
-    stems = [p.stem for p in found]
-    names = [f"{p.parent.name}-{p.stem}" if stems.count(p.stem) > 1 else p.stem for p in found]
+    subs = []
+    for p in found:
+        learner = learner_of(p)
+        subs.append(Submission(p, learner, p.stem if p.stem.startswith(learner)
+                               else f"{learner}-{p.stem}"))
+    names = [s.name for s in subs]
     if dup := sorted({n for n in names if names.count(n) > 1}):
-        raise GraderError(f"several notebooks would write the result {dup[0]}.json; grade them "
-                          "into separate --out folders")
-    return [Submission(p, learner_of(p), n) for p, n in zip(found, names)]
+        raise GraderError(f"several notebooks would write the result {dup[0]}.json: "
+                          + ", ".join(str(s.path) for s in subs if s.name == dup[0]))
+    return subs
 
 
-def previous(out_dir: Path, sub: Submission, print_: str) -> LabResult | None:
-    """The result already in ``out_dir`` for ``sub`` if it has fingerprint ``print_``."""
+def previous(out_dir: Path, sub: Submission, print_: str,
+             seed: int | None = None) -> LabResult | None:
+    """The result already in ``out_dir`` for ``sub`` if it has fingerprint ``print_`` (and, when
+    ``seed`` is given, was graded with that seed)."""
     try:
         data = json.loads((out_dir / f"{sub.name}.json").read_text(encoding="utf-8"))
         result = LabResult.from_dict(data)
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return result if result.fingerprint == print_ else None
+    if result.fingerprint != print_ or (seed is not None and result.environment.seed != seed):
+        return None
+    return result
 
 
 def _grade_one(sub: Submission, out_dir: Path, device: str, seed: int,
                timeout: float | None) -> LabResult:
     return grade_notebook(sub.path, out_dir, device=device, seed=seed, timeout=timeout,
-                          name=sub.name)
+                          name=sub.name, learner=sub.learner)
 
 
 def grade_all(subs: list[Submission], out_dir: Path, *, device: str, seed: int,
               timeout: float | None, jobs: int = 1, force: bool = False,
+              same_seed: bool = False,
               on_outcome: Callable | None = None) -> Iterator[tuple[Submission, LabResult, bool]]:
     """Grade ``subs``, yielding ``(submission, result, reused)`` as each finishes (in completion
     order; callers sort). A submission whose result in ``out_dir`` has the same fingerprint is
-    reused unless ``force``. ``jobs`` > 1 grades in that many worker processes, each notebook in
+    reused unless ``force`` (with ``same_seed``, only if it was graded with ``seed`` too). ``jobs`` > 1 grades in that many worker processes, each notebook in
     its own kernel and temporary folder; ``on_outcome`` (per exercise) is called only when
     grading runs in this process (one job, or one notebook to grade)."""
     todo = []
     for sub in subs:
-        old = None if force else previous(out_dir, sub, fingerprint(sub.path, device=device,
-                                                                     timeout=timeout))
+        old = None if force else previous(out_dir, sub, fingerprint(
+            sub.path, device=device, timeout=timeout), seed if same_seed else None)
         if old is not None:
             yield sub, old, True
         else:
@@ -104,7 +115,8 @@ def grade_all(subs: list[Submission], out_dir: Path, *, device: str, seed: int,
     if jobs <= 1 or len(todo) <= 1:
         for sub in todo:
             yield sub, grade_notebook(sub.path, out_dir, device=device, seed=seed,
-                                      timeout=timeout, name=sub.name, on_outcome=on_outcome), False
+                                      timeout=timeout, name=sub.name, learner=sub.learner,
+                                      on_outcome=on_outcome), False
         return
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
         futures = {pool.submit(_grade_one, sub, out_dir, device, seed, timeout): sub
@@ -114,6 +126,7 @@ def grade_all(subs: list[Submission], out_dir: Path, *, device: str, seed: int,
             try:
                 result = future.result()
             except Exception as exc:  # the worker process itself died (killed, out of memory)
-                result = record_failure(sub.path, out_dir, name=sub.name, device=device, seed=seed,
-                                        reason=f"the grading worker died: {type(exc).__name__}: {exc}")
+                result = record_failure(
+                    sub.path, out_dir, name=sub.name, learner=sub.learner, device=device,
+                    seed=seed, reason=f"the grading worker died: {type(exc).__name__}: {exc}")
             yield sub, result, False

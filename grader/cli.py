@@ -29,7 +29,7 @@ def cmd_grade(args, console: Console) -> int:
                                TimeElapsedColumn, TimeRemainingColumn)
 
     from grader.batch import find_submissions, grade_all
-    from grader.exports import Graded, write_reports
+    from grader.exports import load_graded, write_reports
     from grader.grade import new_seed, resolve_device
     from grader.report import STYLE, print_result, summary_table
 
@@ -51,34 +51,50 @@ def cmd_grade(args, console: Console) -> int:
         task = bar.add_task("grading", total=len(subs))
         for sub, result, reused in grade_all(
                 subs, args.out, device=device, seed=seed, timeout=args.timeout, jobs=args.jobs,
-                force=args.force, on_outcome=progress if len(subs) == 1 else None):
+                force=args.force, same_seed=args.seed is not None,
+                on_outcome=progress if len(subs) == 1 else None):
             done[sub] = (result, reused)
             bar.advance(task)
             if len(subs) > 1:
+                why = f" [red]not graded: {result.error}[/]" if result.error else ""
                 bar.console.print(f"  {'reused' if reused else 'graded'} {sub.path}: "
-                                  f"{result.score:g}/{result.max_score:g}")
+                                  f"{result.score:g}/{result.max_score:g}{why}", highlight=False)
     results = [(sub, *done[sub]) for sub in subs]  # a fixed order, whatever the completion order
     if len(subs) == 1:
         print_result(results[0][1], console)
     else:
         console.print(summary_table(results))
-    graded = [Graded(name=sub.name, learner=sub.learner, result=r,
-                     executed=executed if (executed := args.out / f"{sub.name}.executed.ipynb")
-                     .is_file() else None) for sub, r, _ in results]
+    # The reports cover every result in the folder, so regrading one learner keeps the class.
+    graded = []
+    for path in sorted(args.out.glob("*.json")):
+        try:
+            graded.append(load_graded(path))
+        except (OSError, ValueError, KeyError, TypeError):
+            console.print(f"[yellow]not a result, left out of the reports:[/yellow] {path}")
     try:
-        write_reports(graded, args.out)
+        write_reports(sorted(graded, key=lambda g: (g.learner, g.result.lab)), args.out)
     except ValueError as exc:  # e.g. two results for one learner and lab
         console.print(f"[red]reports not written:[/red] {exc}")
         return 1
-    console.print(f"[dim]results: {args.out}/<name>.json; reports: gradebook.csv, junit.xml, "
-                  "summary.html, feedback/, gradescope/[/dim]")
+    console.print(f"[dim]results: {args.out}/<name>.json; reports for the {len(graded)} results "
+                  "there: gradebook.csv, junit.xml, summary.html, feedback/, gradescope/[/dim]")
+    below = [sub for sub, r, _ in results if args.fail_under is not None
+             and 100 * r.score < args.fail_under * r.runnable_max_score]
+    for sub in below:
+        console.print(f"[red]below --fail-under {args.fail_under:g}%:[/red] {sub.path}")
     if any(r.error for _, r, _ in results):
         return 1
-    if args.fail_under is not None and any(
-            100 * r.score < args.fail_under * r.runnable_max_score for _, r, _ in results):
-        console.print(f"[red]a score is below --fail-under {args.fail_under:g}%[/red]")
-        return 3
-    return 0
+    return 3 if below else 0
+
+
+def _number(kind, low, high=None, what=""):
+    """An argparse type: ``kind`` within [low, high], else a clear usage error (exit 2)."""
+    def parse(text: str):
+        value = kind(text)
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{text} is not {what}")
+        return value
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,13 +116,17 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
     grade.add_argument("--seed", type=int, default=None,
                        help="seed for the hidden checks (default: a fresh random one, reported)")
-    grade.add_argument("--timeout", type=float, default=None,
+    grade.add_argument("--timeout", type=_number(float, 1, what="a time limit of 1 s or more"),
+                       default=None,
                        help="seconds per exercise, overriding the lab table")
-    grade.add_argument("--jobs", type=int, default=1,
+    grade.add_argument("--jobs", type=_number(int, 1, what="a number of jobs (1 or more)"),
+                       default=1,
                        help="notebooks graded at once, each in its own kernel (default: 1)")
     grade.add_argument("--force", action="store_true",
-                       help="grade again even what is unchanged since its result in --out")
-    grade.add_argument("--fail-under", type=float, default=None, metavar="PCT",
+                       help="grade again even what is unchanged since its result in --out "
+                       "(a result is reused only with the same --seed, when one is given)")
+    grade.add_argument("--fail-under", type=_number(float, 0, 100, "a percentage (0 to 100)"),
+                       default=None, metavar="PCT",
                        help="exit 3 when a score is below PCT%% of what could run here")
     grade.set_defaults(func=cmd_grade)
     return parser

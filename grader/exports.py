@@ -68,14 +68,14 @@ class Graded:
 
 def load_graded(result_json: Path, learner: str | None = None) -> Graded:
     """The :class:`Graded` for a result JSON written by the grader: name = the file's stem,
-    executed = the ``<stem>.executed.ipynb`` beside it if present, learner = ``learner`` or the
-    stem. Raises OSError (unreadable), ValueError (not JSON, or not a lab result of this
+    executed = the ``<stem>.executed.ipynb`` beside it if present, learner = ``learner``, or the
+    result's own ``learner``, or the stem. Raises OSError (unreadable), ValueError (not JSON, or not a lab result of this
     schema version), KeyError/TypeError (a field missing or of the wrong kind)."""
     result_json = Path(result_json)
     result = LabResult.from_dict(json.loads(result_json.read_text(encoding="utf-8")))
     stem = result_json.name.removesuffix(".json")
     executed = result_json.with_name(f"{stem}.executed.ipynb")
-    return Graded(name=stem, learner=learner or stem, result=result,
+    return Graded(name=stem, learner=learner or result.learner or stem, result=result,
                   executed=executed if executed.is_file() else None)
 
 

@@ -93,12 +93,14 @@ def _lab_from_name(path: Path) -> Lab | None:
 
 def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int | None = None,
                    timeout: float | None = None, name: str | None = None,
+                   learner: str | None = None,
                    on_outcome: Callable[[Outcome], None] | None = None) -> LabResult:
     """Grade the notebook at ``path``; write ``out_dir/<name>.json`` and the executed notebook
     ``out_dir/<name>.executed.ipynb`` (``name`` defaults to the file's stem); return the result.
 
-    ``timeout`` (seconds) overrides every exercise's time limit. Never raises for a bad
-    submission: the result's ``error`` says why grading could not happen."""
+    ``timeout`` (seconds) overrides every exercise's time limit; ``learner`` is recorded in the
+    result. Never raises for a bad submission: the result's ``error`` says why grading could not
+    happen."""
     started = time.monotonic()
     name = name or path.stem
     seed = new_seed() if seed is None else seed
@@ -116,16 +118,17 @@ def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int 
         result = _failed_result(lab or _lab_from_name(path), path, env,
                                 f"internal error while grading: {type(exc).__name__}: {exc}",
                                 started)
-    result = replace(result, fingerprint=fingerprint(path, device=device, timeout=timeout))
+    result = replace(result, fingerprint=fingerprint(path, device=device, timeout=timeout),
+                     learner=learner)
     result.write(out_dir / f"{name}.json")
     return result
 
 
-def record_failure(path: Path, out_dir: Path, *, name: str, device: str, seed: int,
-                   reason: str) -> LabResult:
+def record_failure(path: Path, out_dir: Path, *, name: str, learner: str | None, device: str,
+                   seed: int, reason: str) -> LabResult:
     """Write and return the result of a notebook that could not be graded at all, for ``reason``."""
-    result = _failed_result(_lab_from_name(path), path, Environment.current(device, seed), reason,
-                            time.monotonic())
+    result = replace(_failed_result(_lab_from_name(path), path, Environment.current(device, seed),
+                                    reason, time.monotonic()), learner=learner)
     result.write(out_dir / f"{name}.json")
     return result
 

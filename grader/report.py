@@ -56,7 +56,9 @@ def summary_table(results) -> Table:
         for e in r.exercises:
             counts[e.status] = counts.get(e.status, 0) + 1
         statuses = " ".join(f"[{STYLE[s]}]{n} {s}[/]" for s, n in counts.items())
+        if r.error:
+            statuses = f"[red]not graded: {r.error}[/]"
         t.add_row(sub.learner, r.lab, str(sub.path) + (" [dim](reused)[/dim]" if reused else ""),
                   f"{r.score:g}/{r.max_score:g}", f"{r.score:g}/{r.runnable_max_score:g}",
-                  statuses or f"[red]not graded: {r.error}[/]")
+                  statuses)
     return t

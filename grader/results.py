@@ -65,7 +65,8 @@ class LabResult:
     """A graded notebook: lab id, the submission's path, exercises, environment, and notes
     (restored cells, missing answers). ``error`` is set when grading itself failed; the
     exercises then carry that reason and score 0. ``fingerprint`` digests everything the result
-    depends on but the seed (see :func:`grader.grade.fingerprint`), for resuming a batch."""
+    depends on but the seed (see :func:`grader.grade.fingerprint`), for resuming a batch;
+    ``learner`` is whose submission it is, when a batch knows (see :mod:`grader.batch`)."""
 
     lab: str
     notebook: str
@@ -75,6 +76,7 @@ class LabResult:
     notes: tuple[str, ...] = ()
     error: str | None = None
     fingerprint: str | None = None
+    learner: str | None = None
 
     @property
     def score(self) -> float:
@@ -91,6 +93,7 @@ class LabResult:
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "lab": self.lab,
+                "learner": self.learner,
                 "notebook": self.notebook, "score": self.score, "max_score": self.max_score,
                 "runnable_max_score": self.runnable_max_score, "duration_s": self.duration_s,
                 "error": self.error, "notes": list(self.notes), "fingerprint": self.fingerprint,
@@ -105,7 +108,7 @@ class LabResult:
                    exercises=tuple(ExerciseResult(**e) for e in data["exercises"]),
                    environment=Environment(**data["environment"]), duration_s=data["duration_s"],
                    notes=tuple(data["notes"]), error=data["error"],
-                   fingerprint=data.get("fingerprint"))
+                   fingerprint=data.get("fingerprint"), learner=data.get("learner"))
 
     def write(self, path: Path) -> None:
         """Write the JSON to ``path`` atomically (an interrupted run leaves no partial file)."""

@@ -20,6 +20,7 @@ RELEASE = notebook.read(FIXTURES / "notebooks" / "90_toy.ipynb")
     ("subs/bob_90_toy.ipynb", "bob"),
     ("subs/carol_toy.ipynb", "carol"),
     ("subs/dan_smith_90_toy.ipynb", "dan_smith"),
+    ("subs/Eve Ng - 90_toy.ipynb", "Eve Ng"),
     ("subs/whatever.ipynb", "whatever"),
 ])
 def test_learners_are_named_by_folder_or_file_prefix(path, learner):
@@ -71,6 +72,9 @@ def test_resume_reuses_unchanged_work_and_regrades_changes(tmp_path):
     second = {s.learner: (reused, r.score) for s, r, reused in grade_all(
         subs, out, device="cpu", seed=2, timeout=None)}
     assert second == {"ann": (True, 3), "ben": (False, 3), "cid": (True, 2), "dee": (True, 0)}
+    reseeded = [reused for _, _, reused in grade_all(subs[:1], out, device="cpu", seed=3,
+                                                     timeout=None, same_seed=True)]
+    assert reseeded == [False]  # an explicit new seed is a new grading
     forced = [reused for _, _, reused in grade_all(subs[:1], out, device="cpu", seed=2,
                                                    timeout=None, force=True)]
     assert forced == [False]
@@ -115,3 +119,23 @@ def test_two_jobs_write_the_same_reports_as_one(tmp_path):
         assert _without_times(a) == _without_times(b)
         assert (one / "feedback" / f"{name}.html").is_file()
     assert "<img" in (one / "summary.html").read_text()
+
+
+def test_regrading_one_learner_keeps_the_class_reports(tmp_path):
+    subs = _class(tmp_path)
+    out = str(tmp_path / "out")
+    assert main(["grade", str(subs), "--out", out, "--device", "cpu", "--seed", "1"]) == 1
+    (subs / "ben" / "90_toy.ipynb").write_bytes((FIXTURES / "solutions" / "90_toy.ipynb").read_bytes())
+    assert main(["grade", str(subs / "ben"), "--out", out, "--device", "cpu", "--seed", "1"]) == 0
+    rows = {r.split(",")[0]: r for r in (tmp_path / "out" / "gradebook.csv").read_text().splitlines()}
+    assert set(rows) == {"learner", "ann", "ben", "cid", "dee"}
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.json")) == \
+        ["ann-90_toy.json", "ben-90_toy.json", "cid-90_toy.json", "dee-90_toy.json"]
+
+
+@pytest.mark.parametrize("flag, value", [("--timeout", "-5"), ("--timeout", "0"), ("--jobs", "0"),
+                                         ("--fail-under", "150")])
+def test_nonsense_numbers_are_usage_errors(tmp_path, flag, value, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["grade", str(tmp_path), flag, value])
+    assert info.value.code == 2 and "is not" in capsys.readouterr().err

@@ -37,6 +37,19 @@ def load_answer(exercise_id: str, source: str = "solutions"):
     return namespace[lab.exercise(exercise_id).answer]
 
 
+def assert_rejected(exercise_id: str, answer, phrase: str = "", seed: int = 0):
+    """Assert that the public and hidden checks of ``exercise_id`` reject ``answer`` (status
+    ``failed`` or ``error``), that the message contains ``phrase``, and that it shows no check
+    source. Returns the Verdict."""
+    from grader.checks import run_checks
+
+    v = run_checks(exercise_id, answer, seed=seed, hidden=True)
+    assert v.status in ("failed", "error"), (exercise_id, seed, v.message)
+    assert phrase in v.message, (phrase, seed, v.message)
+    assert "def " not in v.message and "raise CheckFailure" not in v.message, v.message
+    return v
+
+
 @pytest.fixture
 def reference():
     """``reference(exercise_id)`` -> the reference answer from solutions/."""

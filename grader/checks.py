@@ -116,6 +116,31 @@ class Verdict:
         return asdict(self)
 
 
+def exact(value: Any, types: type | tuple[type, ...], what: str) -> Any:
+    """Return ``value`` when its type is exactly one of ``types``; else raise CheckFailure saying
+    ``what`` it is and what was expected. Subclasses are refused on purpose: a subclass can
+    override ``__eq__``, ``__bool__``, ``__len__`` or ``__torch_function__`` to lie about its
+    contents, so a check that compares values first makes sure they are plain (use
+    :func:`plain_tensor` for tensors)."""
+    types = types if isinstance(types, tuple) else (types,)
+    if type(value) in types:
+        return value
+    names = " or ".join(t.__name__ for t in types)
+    sub = next((t for t in types if isinstance(value, t)), None)
+    why = (f"a subclass of {sub.__name__}; return a plain {sub.__name__}" if sub is not None
+           else f"not a {names}")
+    raise CheckFailure(f"{what} has type {type(value).__name__}, {why}.")
+
+
+def plain_tensor(value: Any, what: str):
+    """Return ``value`` when it is a plain ``torch.Tensor`` (or ``nn.Parameter``); else raise
+    CheckFailure. Tensor subclasses (``__torch_function__`` / ``__torch_dispatch__``) can answer
+    ``allclose`` and friends with whatever they like, so checks compare plain tensors only."""
+    import torch
+
+    return exact(value, (torch.Tensor, torch.nn.Parameter), what)
+
+
 def _innermost(exc: BaseException):
     """(frame, is_ours) for the innermost traceback frame that is not an installed library's
     (torch, the standard library), where ``is_ours`` says it is the grader's or a lab's checks;

@@ -42,6 +42,11 @@ def grade_source(exercise_id: str, seed: int, device: str) -> str:
             f"_grade({exercise_id!r}, seed={seed!r}, device={device!r})")
 
 
+def prologue_source(lab_id: str) -> str:
+    """The source of the grader's first cell: arm the kernel's guard (see :mod:`grader.guard`)."""
+    return f"from grader.guard import arm as _arm\n_arm({lab_id!r})"
+
+
 def _learner_cell(cell: NotebookNode) -> NotebookNode:
     """A learner cell as it will run: outputs dropped, grader-owned tags removed, and any role
     but ``answer`` replaced by ``learner``."""
@@ -91,7 +96,9 @@ def assemble(release: NotebookNode, submission: NotebookNode, lab: Lab, *, seed:
     ids = {e.id for e in lab.exercises}
     last = {notebook.exercise_of(c): i for i, c in enumerate(cells)
             if notebook.role(c) in ("check", "answer") and notebook.exercise_of(c) in ids}
-    out: list[NotebookNode] = []
+    prologue = v4.new_code_cell(prologue_source(lab.id))
+    prologue.id, prologue.metadata["course"] = "grader-prologue", {"role": "prologue"}
+    out: list[NotebookNode] = [prologue]
     for i, cell in enumerate(cells):
         if notebook.role(cell) != "check":
             out.append(cell)

@@ -35,6 +35,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 MAX_MESSAGE_CHARS = 1200
+#: what an allocation that failed for lack of memory says (Python, torch's CPU allocator, CUDA)
+_OOM_MARKS = ("can't allocate memory", "Cannot allocate memory", "out of memory")
+
+
+def out_of_memory(ename: str, evalue: str) -> bool:
+    """Whether an exception (by class name and message) means an allocation ran out of memory."""
+    return ename in ("MemoryError", "OutOfMemoryError") or (
+        ename == "RuntimeError" and any(m in evalue for m in _OOM_MARKS))
 
 
 class CheckFailure(Exception):
@@ -100,9 +108,9 @@ def checks_for(exercise_id: str, *, hidden: bool = True) -> list[Check]:
 class Verdict:
     """The outcome of one exercise's checks.
 
-    ``status`` is ``passed`` (every check passed), ``failed`` (a check found the answer wrong) or
-    ``error`` (the answer raised, or is missing). ``passed``/``total`` count checks; checks stop
-    at the first miss, so ``passed`` is how far the answer got.
+    ``status`` is ``passed`` (every check passed), ``failed`` (a check found the answer wrong),
+    ``error`` (the answer raised, or is missing) or ``crashed`` (it ran out of memory).
+    ``passed``/``total`` count checks; checks stop at the first miss, so ``passed`` is how far the answer got.
     """
 
     exercise: str
@@ -204,6 +212,10 @@ def run_checks(exercise_id: str, answer: Any, *, seed: int = 0, device: str = "c
         except (CheckFailure, AssertionError) as exc:
             return Verdict(exercise_id, "failed", _clip(f"{label} failed: {exc}"), done, len(checks), seed)
         except Exception as exc:  # reported without the check's source
+            if out_of_memory(type(exc).__name__, str(exc)):
+                return Verdict(exercise_id, "crashed", _clip(
+                    f"{label}: out of memory: your answer tried to allocate more memory than the "
+                    f"grader allows ({type(exc).__name__}: {exc})"), done, len(checks), seed)
             if isinstance(exc, NotImplementedError) and exc.args == (exercise_id,):
                 msg = (f"NotImplementedError: {exercise_id} is still the stub. Replace the "
                        f"`raise NotImplementedError(\"{exercise_id}\")` line with your answer.")

@@ -6,28 +6,137 @@ trusts the submission: the notebook is cut into *parts*, each ending at an exerc
 each part runs under its exercise's time limit; a timeout interrupts the kernel and grading goes
 on; a dead (or unresponsive) kernel costs that exercise only: a fresh kernel replays the earlier
 parts and grading resumes at the next exercise. Every exercise gets an :class:`Outcome`.
+
+Each kernel starts in the run's own working folder under the limits of :mod:`grader.sandbox`;
+its stored output is capped (per cell and per notebook); errors are read from the kernel's
+execute replies (which a learner cannot restyle, unlike the displayed traceback); and a verdict
+counts only when it carries the run key's seal (:mod:`grader.guard`).
 """
 from __future__ import annotations
 
 import copy
+import json
 import math
+import signal
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
+import nbformat.v4 as v4
+from jupyter_client import AsyncKernelManager
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode
-from traitlets.config import Config
 from papermill.clientwrap import PapermillNotebookClient
 from papermill.engines import Engine, papermill_engines
+from traitlets import Int
+from traitlets.config import Config
 
-from grader import notebook
+from grader import guard, notebook
+from grader.checks import out_of_memory
+from grader.sandbox import Limits, kernel_env
 from grader.selfcheck import VERDICT_MIME
 
 #: seconds a cell outside any exercise (after the last grade cell) may run
 EPILOGUE_CELL_TIMEOUT = 120
 #: seconds an interrupted kernel has to go idle again before it is replaced
 INTERRUPT_GRACE = 10
+#: characters of output stored per cell, and per notebook; the rest is dropped with a note
+MAX_CELL_OUTPUT = 200_000
+MAX_NOTEBOOK_OUTPUT = 5_000_000
+
+
+class SandboxKernelManager(AsyncKernelManager):
+    """A kernel manager that starts its kernel under :class:`grader.sandbox.Limits` (``memory``
+    bytes, ``cpu`` seconds), whatever the kernelspec says."""
+
+    memory = Int(4 << 30, help="bytes of writable memory the kernel may use").tag(config=True)
+    cpu = Int(3600, help="CPU seconds the kernel may use").tag(config=True)
+
+    def format_kernel_cmd(self, extra_arguments=None) -> list[str]:
+        return Limits(self.memory, self.cpu).argv(super().format_kernel_cmd(extra_arguments))
+
+
+def _size(content: dict) -> int:
+    """Characters an output message would store."""
+    if "text" in content:
+        return len(content["text"])
+    if "data" in content:
+        return sum(len(v) if isinstance(v, str) else len(json.dumps(v))
+                   for v in content["data"].values())
+    return sum(map(len, content.get("traceback", []))) + len(str(content.get("evalue", "")))
+
+
+class GraderClient(PapermillNotebookClient):
+    """papermill's client plus what grading needs: each cell's execute reply is kept, and
+    stored output is capped at MAX_CELL_OUTPUT characters per cell and MAX_NOTEBOOK_OUTPUT per
+    notebook (the verdict is always kept)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.replies: dict[int, dict] = {}
+        self.dropped: dict[int, int] = defaultdict(int)
+        self._used: dict[int, int] = defaultdict(int)
+        self._total = 0
+        self.on_cell_executed = self._keep_reply
+
+    def _keep_reply(self, cell, cell_index, execute_reply):
+        self.replies[cell_index] = execute_reply.get("content", {})
+
+    def start_cell(self, index: int) -> None:
+        """Forget what an earlier run of cell ``index`` stored (before running it again)."""
+        self._total -= self._used.pop(index, 0)
+        self.dropped.pop(index, None)
+        self.replies.pop(index, None)
+
+    def output(self, outs, msg, display_id, cell_index):
+        content = msg["content"]
+        if VERDICT_MIME in content.get("data", {}):
+            return super().output(outs, msg, display_id, cell_index)
+        size = _size(content)
+        room = max(0, min(MAX_CELL_OUTPUT - self._used[cell_index],
+                          MAX_NOTEBOOK_OUTPUT - self._total))
+        if size > room:
+            if "text" not in content or not room:
+                self.dropped[cell_index] += size
+                return None
+            msg = {**msg, "content": {**content, "text": content["text"][:room]}}
+            self.dropped[cell_index] += size - room
+            size = room
+        self._used[cell_index] += size
+        self._total += size
+        return super().output(outs, msg, display_id, cell_index)
+
+    def note_dropped(self, cell: NotebookNode, index: int) -> None:
+        """Append a note to ``cell`` saying how much of its output was dropped, if any."""
+        if n := self.dropped.get(index):
+            cell.outputs.append(v4.new_output(
+                "stream", name="stderr", text=f"\n[grader] {n:,} more characters of output were "
+                f"dropped: at most {MAX_CELL_OUTPUT:,} are kept per cell and "
+                f"{MAX_NOTEBOOK_OUTPUT:,} per notebook.\n"))
+
+
+def _death(client, limits: Limits) -> str:
+    """Why the kernel process ended, in words, from its exit status."""
+    process = getattr(getattr(client.km, "provisioner", None), "process", None)
+    code = process.poll() if process is not None else None
+    if code is None:
+        return "it stopped responding"
+    if code >= 0:
+        return f"it exited with status {code} (os._exit(), or a fatal error in native code)"
+    sig = -code
+    if sig == signal.SIGSEGV:
+        return ("it crashed with a segmentation fault (SIGSEGV): native code touched memory it "
+                "does not own, e.g. through ctypes, or a recursion overflowed the C stack")
+    if sig == signal.SIGXCPU:
+        return f"it used more than {limits.cpu} s of CPU time, the grader's limit (SIGXCPU)"
+    if sig == signal.SIGKILL:
+        return ("it was killed (SIGKILL): by itself or another process, or by the system when "
+                "memory ran out")
+    if sig == signal.SIGABRT:
+        return "it aborted (SIGABRT): a fatal error in native code"
+    return f"it was killed by signal {signal.Signals(sig).name}"
 
 
 class KernelLost(Exception):
@@ -77,29 +186,53 @@ def parts(nb: NotebookNode) -> list[Part]:
     return out
 
 
-def _errors(cell: NotebookNode) -> list[str]:
-    return [f"{o.get('ename')}: {o.get('evalue')}" for o in cell.get("outputs", [])
-            if o.get("output_type") == "error"]
+def _reply_error(client: GraderClient, index: int) -> tuple[str, str] | None:
+    """(ename, evalue) when cell ``index`` raised, from its execute reply, else None."""
+    reply = client.replies.get(index, {})
+    if reply.get("status") != "error":
+        return None
+    return str(reply.get("ename", "Error")), str(reply.get("evalue", ""))
 
 
-def _verdict(cell: NotebookNode) -> dict | None:
+def _verdict(cell: NotebookNode, exercise: str, key: bytes) -> tuple[dict | None, bool]:
+    """(the grade cell's sealed verdict or None, whether a verdict without a valid seal was
+    displayed instead)."""
+    forged = False
     for o in cell.get("outputs", []):
-        if o.get("output_type") == "display_data" and VERDICT_MIME in o.get("data", {}):
-            return dict(o["data"][VERDICT_MIME])
-    return None
+        data = o.get("data", {}).get(VERDICT_MIME) if o.get("output_type") == "display_data" else None
+        if isinstance(data, dict):
+            found = guard.sealed(data, key)
+            if found is not None and found.get("exercise") == exercise:
+                return found, False
+            forged = True
+    return None, forged
 
 
 #: the ename nbclient reports for a cell it interrupted at its time limit
 TIMEOUT_ENAME = "GraderTimeLimit"
 
+#: what an answer that raised one of these did, in words
+_EXITS = {
+    "SystemExit": "called sys.exit() (or raised SystemExit), which ends a program; an answer "
+                  "cell must only define its answer",
+    "KeyboardInterrupt": "raised KeyboardInterrupt, as if interrupted",
+}
+
+
+def _answer_error(ename: str, evalue: str) -> str:
+    """One answer cell's error as the result reports it."""
+    what = f"{ename}: {evalue}" if evalue else ename
+    return f"{what} (it {_EXITS[ename]})" if ename in _EXITS else what
+
 
 class GraderEngine(Engine):
-    """papermill engine ``grader``: per-exercise time limits, interrupt, restart and resume."""
+    """papermill engine ``grader``: per-exercise time limits, interrupt, restart and resume,
+    sandboxed kernels, capped output and sealed verdicts."""
 
     @classmethod
     def execute_managed_notebook(cls, nb_man, kernel_name, *, timeouts: dict[str, float],
-                                 on_outcome: Callable[[Outcome], None], start_timeout=60,
-                                 **kwargs):
+                                 on_outcome: Callable[[Outcome], None], workdir: Path,
+                                 limits: Limits, key: bytes, start_timeout=60, **kwargs):
         interrupted: set[int] = set()
 
         def on_cell_error(cell, cell_index, execute_reply):
@@ -108,25 +241,29 @@ class GraderEngine(Engine):
 
         # On a timeout nbclient interrupts the kernel and waits up to iopub_timeout for it to go
         # idle; a kernel that stays busy raises CellTimeoutError and is replaced.
-        client = PapermillNotebookClient(
+        client = GraderClient(
             nb_man, kernel_name=kernel_name, allow_errors=True, startup_timeout=start_timeout,
             shutdown_kernel="immediate", interrupt_on_timeout=True,
             error_on_timeout={"ename": TIMEOUT_ENAME, "evalue": "time limit", "traceback": []},
             iopub_timeout=INTERRUPT_GRACE, on_cell_error=on_cell_error,
+            kernel_manager_class=SandboxKernelManager,
             # local IPC sockets (in the run's temporary working folder), not TCP on localhost
-            config=Config(KernelManager={"transport": "ipc"}))
+            config=Config(KernelManager={"transport": "ipc"},
+                          SandboxKernelManager={"memory": limits.memory, "cpu": limits.cpu}))
+        run = _Run(client, nb_man, timeouts, interrupted, limits, key)
         todo = parts(nb_man.nb)
         done, lost = 0, set()  # parts run so far; those among them that timed out or crashed
         while done < len(todo):
-            with client.setup_kernel():
+            (workdir / guard.KEY_FILE).write_bytes(key)
+            with client.setup_kernel(env=kernel_env(workdir), cwd=str(workdir)):
                 if done:
-                    cls._replay(client, todo[:done], lost, timeouts)
+                    run.replay(todo[:done], lost)
                 while done < len(todo):
                     part = todo[done]
                     done += 1
                     kernel_gone = False
                     try:
-                        outcome = cls._run_part(client, nb_man, part, timeouts, interrupted)
+                        outcome = run.part(part)
                     except KernelLost as exc:
                         outcome = Outcome(part.exercise, exc.status, str(exc), exc.duration_s)
                         kernel_gone = True
@@ -138,13 +275,30 @@ class GraderEngine(Engine):
                         break  # start a fresh kernel and replay
         return nb_man.nb
 
-    @classmethod
-    def _run_part(cls, client, nb_man, part: Part, timeouts, interrupted: set[int]) -> Outcome:
+
+@dataclass
+class _Run:
+    """One notebook's execution state shared by its parts."""
+
+    client: GraderClient
+    nb_man: object
+    timeouts: dict[str, float]
+    interrupted: set[int]
+    limits: Limits
+    key: bytes
+
+    def _execute(self, cell: NotebookNode, index: int) -> None:
+        self.client.start_cell(index)
+        self.client.execute_cell(cell, index)
+        self.client.note_dropped(cell, index)
+
+    def part(self, part: Part) -> Outcome:
+        client, nb = self.client, self.nb_man.nb
         start = time.monotonic()
-        limit = timeouts.get(part.exercise, EPILOGUE_CELL_TIMEOUT)
+        limit = self.timeouts.get(part.exercise, EPILOGUE_CELL_TIMEOUT)
         answer_errors: list[str] = []
         for index in part.cells:
-            cell = nb_man.nb.cells[index]
+            cell = nb.cells[index]
             what = "your answer" if notebook.role(cell) == "answer" else (
                 "the checks" if notebook.role(cell) == "grade" else notebook.describe(cell))
             late = (f"exceeded the time limit of {limit:g} s while running {what}; look for an "
@@ -153,50 +307,64 @@ class GraderEngine(Engine):
             if remaining <= 0:
                 return Outcome(part.exercise, "timeout", late, time.monotonic() - start)
             client.timeout = max(1, math.ceil(remaining))
-            nb_man.cell_start(cell, index)
+            self.nb_man.cell_start(cell, index)
             try:
-                client.execute_cell(cell, index)
+                self._execute(cell, index)
             except CellTimeoutError as exc:
                 raise KernelLost(late + " The kernel ignored the interrupt and was replaced by a "
                                  "fresh one.", time.monotonic() - start, "timeout") from exc
             except DeadKernelError as exc:
                 raise KernelLost(
-                    f"the kernel died while running {what} (a crash, os._exit, or running out "
-                    "of memory); the rest of the lab was graded in a fresh kernel.",
+                    f"the kernel died while running {what}: {_death(client, self.limits)}. The "
+                    "rest of the lab was graded in a fresh kernel.",
                     time.monotonic() - start) from exc
             finally:
-                nb_man.cell_complete(cell, index)
-            if index in interrupted:
+                self.nb_man.cell_complete(cell, index)
+            if index in self.interrupted:
                 return Outcome(part.exercise, "timeout", late + " The kernel was interrupted and "
                                "grading went on.", time.monotonic() - start)
-            if notebook.role(cell) == "answer":
-                answer_errors.extend(_errors(cell))
+            error = _reply_error(client, index)
+            if error and out_of_memory(*error):
+                raise KernelLost(
+                    f"out of memory while running {what}: the kernel may use at most "
+                    f"{self.limits.memory / 2**30:g} GiB, the grader's limit ({error[0]}: "
+                    f"{error[1][:200]}). The rest of the lab was graded in a fresh kernel.",
+                    time.monotonic() - start)
+            if error and notebook.role(cell) == "answer":
+                answer_errors.append(_answer_error(*error))
+            if error and notebook.role(cell) == "prologue":
+                raise RuntimeError(f"the grader's prologue failed: {error[0]}: {error[1]}")
         duration = time.monotonic() - start
         if part.exercise is None:
             return Outcome("", "passed", "", duration)
-        grade_cell = nb_man.nb.cells[part.cells[-1]]
-        verdict = _verdict(grade_cell)
+        grade_index = part.cells[-1]
+        verdict, forged = _verdict(nb.cells[grade_index], part.exercise, self.key)
         if verdict is None:
-            detail = "; ".join(_errors(grade_cell)) or "it produced no verdict"
+            error = _reply_error(client, grade_index)
+            if forged:
+                detail = ("its verdict was not sealed by the grader: the notebook changed how the "
+                          "checks run or report (answers must not modify the grader)")
+            else:
+                detail = f"{error[0]}: {error[1]}" if error else "it produced no verdict"
             return Outcome(part.exercise, "error", f"the checks could not run: {detail}",
                            duration, tuple(answer_errors))
         return Outcome(part.exercise, verdict["status"], verdict["message"], duration,
                        tuple(answer_errors))
 
-    @staticmethod
-    def _replay(client, done: list[Part], lost: set[int], timeouts) -> None:
+    def replay(self, done: list[Part], lost: set[int]) -> None:
         """Re-run earlier parts in a fresh kernel, on copies, so later exercises find the state
         they expect (not graded): no grade cells, and from the parts in ``lost`` (that timed out
         or crashed) only the release's own cells (setup, demos), none of the learner's."""
+        client = self.client
         for number, part in enumerate(done):
-            client.timeout = math.ceil(timeouts.get(part.exercise, EPILOGUE_CELL_TIMEOUT))
+            client.timeout = math.ceil(self.timeouts.get(part.exercise, EPILOGUE_CELL_TIMEOUT))
             for index in part.cells:
                 cell = copy.deepcopy(client.nb.cells[index])
                 skip = {"grade", "answer", "learner"} if number in lost else {"grade"}
                 if notebook.role(cell) in skip:
                     continue
                 try:
-                    client.execute_cell(cell, index)
+                    self._execute(cell, index)
                 except (CellTimeoutError, DeadKernelError):
                     return
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import secrets
 import tempfile
 import time
@@ -20,6 +21,7 @@ from grader.assemble import assemble
 from grader.errors import GraderError
 from grader.execute import Outcome  # noqa: F401  (importing registers the "grader" engine)
 from grader.labs import Exercise, Lab, load_lab
+from grader.sandbox import Limits
 from grader.results import Environment, ExerciseResult, LabResult
 
 
@@ -149,12 +151,17 @@ def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *
             on_outcome(outcome)
 
     error = None
+    timeouts = {e.id: timeout or e.timeout for e in lab.exercises}
+    # CPU seconds: every core busy for the whole lab's time, plus start-up (a backstop only)
+    limits = Limits(memory=int(lab.memory_gib * 2**30),
+                    cpu=int((sum(timeouts.values()) + 300) * (os.cpu_count() or 1)))
     with tempfile.TemporaryDirectory(prefix="grade-") as cwd:
         try:
             papermill.execute_notebook(
                 built.nb, str(executed), parameters={"device": device, "seed": seed},
                 engine_name="grader", kernel_name="python3", progress_bar=False, cwd=cwd,
-                on_outcome=record, timeouts={e.id: timeout or e.timeout for e in lab.exercises})
+                on_outcome=record, timeouts=timeouts, workdir=Path(cwd), limits=limits,
+                key=secrets.token_bytes(32))
         except PapermillExecutionError:
             pass  # some cell raised: each exercise's outcome already says what that cost
         except Exception as exc:  # the kernel could not start, the output could not be written...

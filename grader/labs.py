@@ -53,13 +53,16 @@ class Exercise:
 @dataclass(frozen=True)
 class Lab:
     """A lab: its id (``autograd``), title, notebook stem (``02_autograd``), exercises, and
-    ``root``, the course folder holding ``labs/<id>/``, ``solutions/`` and ``notebooks/``."""
+    ``root``, the course folder holding ``labs/<id>/``, ``solutions/`` and ``notebooks/``;
+    ``memory_gib``, the memory (GiB) a grading kernel of this lab may use (``memory_gib`` in
+    the table, default 4)."""
 
     id: str
     title: str
     notebook: str
     exercises: tuple[Exercise, ...]
     root: Path
+    memory_gib: float = 4.0
 
     @property
     def release_path(self) -> Path:
@@ -111,7 +114,7 @@ def load_lab(lab_id: str) -> Lab:
             for e in raw["exercises"]
         )
         lab = Lab(id=raw["id"], title=raw["title"], notebook=raw["notebook"], exercises=exercises,
-                  root=path.parent.parent.parent)
+                  root=path.parent.parent.parent, memory_gib=float(raw.get("memory_gib", 4)))
     except (KeyError, TypeError, ValueError, tomllib.TOMLDecodeError) as exc:
         raise GraderError(f"{path}: malformed lab table ({exc!r})") from exc
     for e in exercises:

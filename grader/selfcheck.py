@@ -11,6 +11,7 @@ import html
 import sys
 import time
 
+from grader import guard
 from grader.checks import Verdict, run_checks
 from grader.labs import load_lab
 
@@ -59,11 +60,50 @@ def check(exercise_id: str) -> None:
             raw=True)
 
 
+def _guarded(exercise_id: str, *, seed: int, device: str) -> Verdict:
+    """The verdict, unless the notebook tampered with what the checks rely on or left threads or
+    processes running (before or during the checks): then ``error`` saying so."""
+    def refused(message: str) -> Verdict:
+        return Verdict(exercise_id, "error", message, 0, 0, seed)
+
+    if changed := guard.tampering(exercise_id):
+        shown = ", ".join(f"`{n}`" for n in changed[:3]) + (
+            f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+        return refused(f"the notebook replaced {shown}, which the checks rely on; answers must "
+                       "not modify torch, Python's builtins or the grader. The checks did not run.")
+    if message := _strays("after its answer cells ran"):
+        return refused(message + " The checks did not run.")
+    v = _verdict(exercise_id, seed=seed, device=device, hidden=True)
+    if message := _strays("while the checks called it"):
+        return refused(message)
+    return v
+
+
+def _strays(when: str) -> str:
+    threads, procs = guard.strays()
+    if not threads and not procs:
+        return ""
+    what = []
+    if threads:
+        what.append(f"{len(threads)} thread(s) running ({', '.join(threads[:3])})")
+    if procs:
+        what.append(f"{len(procs)} child process(es) running ({', '.join(procs[:3])}; the "
+                    "grader killed them)")
+    return (f"your answer left {' and '.join(what)} {when}. An answer must finish its work "
+            "before it returns: join the threads, wait for the processes.")
+
+
 def grade(exercise_id: str, *, seed: int, device: str) -> None:
-    """The grader's check cell: run every check and emit the verdict as a VERDICT_MIME output."""
+    """The grader's check cell: run every check and emit the verdict as a VERDICT_MIME output,
+    sealed with the run's key (in a kernel the grader armed; see :mod:`grader.guard`)."""
     from IPython.display import display
 
     start = time.perf_counter()
-    v = _verdict(exercise_id, seed=seed, device=device, hidden=True)
+    if guard.armed():
+        v = _guarded(exercise_id, seed=seed, device=device)
+    else:
+        v = _verdict(exercise_id, seed=seed, device=device, hidden=True)
     payload = v.to_dict() | {"duration_s": round(time.perf_counter() - start, 3)}
+    if guard.armed():
+        payload["seal"] = guard.seal(payload, guard.key())
     display({VERDICT_MIME: payload, "text/plain": f"{v.exercise}: {v.status}"}, raw=True)

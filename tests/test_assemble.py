@@ -30,11 +30,12 @@ def _run(sub, **kw):
 
 def test_release_as_submission_runs_release_cells_with_grade_cells_for_self_checks():
     built = _run(_submission())
-    assert _ids(built.nb) == ["intro", "parameters", "setup", "add-md", "add-answer",
+    assert _ids(built.nb) == ["grader-prologue", "intro", "parameters", "setup", "add-md", "add-answer",
                               "grade-toy-add", "mul-md", "mul-answer", "grade-toy-mul", "gpu-md",
                               "gpu-answer", "grade-toy-gpu", "outro"]
     grade = _cell(built.nb, "grade-toy-add")
     assert "_grade('toy.add', seed=7, device='cpu')" in grade.source
+    assert "_arm('toy')" in _cell(built.nb, "grader-prologue").source
     assert built.missing == [] and built.edited == []
 
 

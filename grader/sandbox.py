@@ -1,0 +1,82 @@
+"""The kernel's sandbox: the limits, working folder and environment a submission runs under.
+
+The grader starts every kernel through this module (``python -m grader.sandbox LIMITS -- argv``),
+which sets the process's resource limits and then ``exec``\\ s the real kernel command, so the
+kernel (and every process it starts, which inherit them) runs under:
+
+- ``RLIMIT_DATA``: its writable memory (heap, ``mmap``'d tensors, thread stacks), in bytes. A
+  larger allocation fails in the kernel (``MemoryError``, or torch's "can't allocate memory")
+  instead of the machine swapping; the grader reports it as ``crashed``: out of memory. Unlike
+  ``RLIMIT_AS`` it leaves address-space reservations alone (CUDA reserves terabytes of them).
+  GPU memory is not covered.
+- ``RLIMIT_CPU``: CPU seconds; past it the kernel gets ``SIGXCPU`` and dies (a backstop for a
+  runaway child process; the wall-clock limits of each exercise act first).
+- ``RLIMIT_FSIZE``: the largest file it may write, in bytes (past it, ``write`` fails).
+- ``RLIMIT_CORE`` 0: a crash leaves no core file behind.
+
+:func:`kernel_env` is the environment the kernel starts with: an allow-list, so nothing of the
+grader's own environment (tokens, CI secrets) reaches the submission. (Linux model:
+``man 2 setrlimit``; jupyter_client's ``KernelManager.format_kernel_cmd`` builds the command.)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+#: variables the kernel inherits from the grader's environment (when set); everything else is dropped
+PASSED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "LD_LIBRARY_PATH",
+              "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one kernel may use: ``memory`` bytes of writable memory, ``cpu`` CPU seconds,
+    ``file_size`` bytes per file written."""
+
+    memory: int
+    cpu: int
+    file_size: int = 1 << 30
+
+    def argv(self, kernel_argv: list[str]) -> list[str]:
+        """The command that starts ``kernel_argv`` under these limits."""
+        return [sys.executable, "-m", "grader.sandbox", "--memory", str(self.memory),
+                "--cpu", str(self.cpu), "--file-size", str(self.file_size), "--", *kernel_argv]
+
+
+def kernel_env(workdir: Path) -> dict[str, str]:
+    """The kernel's environment: the allow-listed variables, plus a home, temporary folder and
+    IPython/Jupyter/matplotlib configuration inside ``workdir`` (so no one's startup files or
+    caches are used, and nothing is written outside it by default)."""
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    tmp = workdir / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env.update(HOME=str(workdir), TMPDIR=str(tmp), IPYTHONDIR=str(workdir / ".ipython"),
+               JUPYTER_CONFIG_DIR=str(workdir / ".jupyter"), MPLCONFIGDIR=str(tmp),
+               PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1")
+    return env
+
+
+def _main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m grader.sandbox",
+                                     description="run a command under the grader's limits")
+    parser.add_argument("--memory", type=int, required=True, help="bytes of writable memory")
+    parser.add_argument("--cpu", type=int, required=True, help="CPU seconds")
+    parser.add_argument("--file-size", type=int, required=True, help="bytes per file written")
+    parser.add_argument("command", nargs="+")
+    args = parser.parse_args(argv)
+    resource.setrlimit(resource.RLIMIT_DATA, (args.memory, args.memory))
+    # SIGXCPU at the soft limit, SIGKILL one second later if it is caught
+    resource.setrlimit(resource.RLIMIT_CPU, (args.cpu, args.cpu + 1))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (args.file_size, args.file_size))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    os.execv(args.command[0], args.command)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

@@ -27,13 +27,17 @@ _RESERVED_TAGS = {"parameters", "injected-parameters"}
 class Assembled:
     """The notebook to execute plus what assembly found.
 
-    ``missing`` lists exercise ids without an answer cell; ``edited`` the release cells the
-    learner changed (restored); ``skipped`` maps exercise id -> reason its checks are not run."""
+    ``missing`` lists exercise ids without an answer code cell (``markdown`` those whose answer
+    cells were all turned into markdown); ``edited`` the release cells the learner changed
+    (restored); ``skipped`` maps exercise id -> reason its checks are not run; ``notes`` says
+    what else assembly repaired or how it read the submission (for the result's notes)."""
 
     nb: NotebookNode
     missing: list[str] = field(default_factory=list)
     edited: list[NotebookNode] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
+    markdown: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 def grade_source(exercise_id: str, seed: int, device: str) -> str:
@@ -72,19 +76,23 @@ def assemble(release: NotebookNode, submission: NotebookNode, lab: Lab, *, seed:
     attached: dict[str | None, list[NotebookNode]] = {}
     edited: list[NotebookNode] = []
     anchor: str | None = None
-    answered: set[str] = set()
+    answers: dict[str, list[NotebookNode]] = {}
+    seen_release: list[str] = []
     for cell in submission.cells:
         rel = kept.get(cell.get("id"))
         if rel is not None and notebook.role(cell) != "answer":
             anchor = rel.id
+            seen_release.append(rel.id)
             if cell.source != rel.source or cell.cell_type != rel.cell_type:
                 edited.append(rel)
             continue
         if notebook.role(cell) == "answer":
-            answered.add(notebook.exercise_of(cell))
+            answers.setdefault(str(notebook.exercise_of(cell)), []).append(cell)
             if notebook.exercise_of(cell) in skipped:
                 continue
         attached.setdefault(anchor, []).append(_learner_cell(cell))
+    notes = _answer_notes(answers, lab) + _release_notes(release, kept, seen_release)
+    code_answered = {ex for ex, found in answers.items() if any(c.cell_type == "code" for c in found)}
 
     cells = list(attached.get(None, []))
     for rel in release.cells:
@@ -114,5 +122,41 @@ def assemble(release: NotebookNode, submission: NotebookNode, lab: Lab, *, seed:
         seen.add(cell.id)
     nb = copy.deepcopy(release)
     nb.cells = out
-    missing = [e.id for e in lab.exercises if e.id not in answered]
-    return Assembled(nb=nb, missing=missing, edited=edited, skipped=skipped)
+    missing = [e.id for e in lab.exercises if e.id not in code_answered]
+    markdown = [ex for ex in missing if ex in answers]
+    return Assembled(nb=nb, missing=missing, edited=edited, skipped=skipped, markdown=markdown,
+                     notes=notes)
+
+
+def _answer_notes(answers: dict[str, list[NotebookNode]], lab: Lab) -> list[str]:
+    """Notes on answer cells that are duplicated, markdown, or name no exercise of ``lab``."""
+    ids = {e.id for e in lab.exercises}
+    notes = []
+    for ex, found in answers.items():
+        code = [c for c in found if c.cell_type == "code"]
+        if ex not in ids:
+            notes.append(f"{len(found)} answer cell(s) name exercise {ex!r}, which lab "
+                         f"{lab.id} does not have; they ran as plain cells")
+        elif len(code) > 1:
+            notes.append(f"{ex} has {len(code)} answer cells; they ran in order, so the last, "
+                         f"{notebook.describe(code[-1])}, defines what was graded")
+        if len(code) < len(found):
+            notes.append(f"{len(found) - len(code)} answer cell(s) of {ex} are markdown, so they "
+                         "did not run; change them back to code cells")
+    return notes
+
+
+def _release_notes(release: NotebookNode, kept: dict[str, NotebookNode],
+                   seen: list[str]) -> list[str]:
+    """Notes on release cells the submission lacks (put back) or has in another order."""
+    notes = []
+    gone = [c for c in release.cells if c.id in kept and c.id not in seen]
+    if gone:
+        notes.append(f"{len(gone)} cell(s) of the release were missing and were put back, "
+                     f"first {notebook.describe(gone[0])}")
+    order = {c.id: i for i, c in enumerate(release.cells)}
+    moved = next((kept[b] for a, b in zip(seen, seen[1:]) if order[b] < order[a]), None)
+    if moved is not None:
+        notes.append(f"cells of the release were moved ({notebook.describe(moved)} and "
+                     "others); they ran in the release's order")
+    return notes

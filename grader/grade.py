@@ -21,8 +21,8 @@ from grader.assemble import assemble
 from grader.errors import GraderError
 from grader.execute import Outcome  # noqa: F401  (importing registers the "grader" engine)
 from grader.labs import Exercise, Lab, load_lab
-from grader.sandbox import Limits
 from grader.results import Environment, ExerciseResult, LabResult
+from grader.sandbox import Limits
 
 
 def new_seed() -> int:
@@ -47,10 +47,13 @@ def resolve_device(device: str) -> str:
     return "cpu"
 
 
-def _message(ex: Exercise, outcome: Outcome, missing: bool) -> str:
+def _message(ex: Exercise, outcome: Outcome, missing: bool, markdown: bool) -> str:
     parts = [outcome.message]
     if outcome.status != "passed":
-        if missing:
+        if markdown:
+            parts.insert(0, f"The answer cell of {ex.id} is a markdown cell, so it did not run: "
+                            "change it back to a code cell (Cell type: Code).")
+        elif missing:
             parts.insert(0, f"No answer cell for {ex.id} was found (answer cells are found by "
                             "their metadata; copy it back from the released notebook).")
         if outcome.answer_errors:
@@ -135,6 +138,21 @@ def record_failure(path: Path, out_dir: Path, *, name: str, learner: str | None,
     return result
 
 
+def _origin_notes(submission, lab: Lab, path: Path) -> list[str]:
+    """Notes when the notebook asks for another kernel, or its file name names another lab."""
+    notes = []
+    spec = submission.get("metadata", {}).get("kernelspec", {})
+    wanted = spec.get("name") if isinstance(spec, dict) else None
+    if wanted not in (None, "python3"):
+        notes.append(f"the notebook asks for the kernel {wanted!r}; it was graded with the "
+                     "course's kernel, python3")
+    named = _lab_from_name(path)
+    if named is not None and named.id != lab.id:
+        notes.append(f"the file name says lab {named.id}, but the notebook is lab {lab.id} (its "
+                     f"metadata); it was graded as {lab.id}")
+    return notes
+
+
 def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *,
            timeout: float | None, on_outcome: Callable[[Outcome], None] | None,
            started: float) -> LabResult:
@@ -174,13 +192,14 @@ def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *
         elif (o := outcomes.get(e.id)) is not None:
             results.append(ExerciseResult(
                 e.id, e.title, o.status, e.points if o.status == "passed" else 0.0, e.points,
-                _message(e, o, e.id in built.missing), round(o.duration_s, 3)))
+                _message(e, o, e.id in built.missing, e.id in built.markdown), round(o.duration_s, 3)))
         else:
             results.append(ExerciseResult(e.id, e.title, "error", 0.0, e.points,
                                           f"not graded: {error or 'its checks never ran'}"))
     notes = [f"{notebook.describe(cell)} differs from the release; the released version was run"
              for cell in built.edited]
-    notes += [f"no answer cell for {ex}" for ex in built.missing]
+    notes += [f"no answer cell for {ex}" for ex in built.missing if ex not in built.markdown]
+    notes += built.notes + _origin_notes(submission, lab, path)
     return LabResult(lab=lab.id, notebook=str(path), exercises=tuple(results), environment=env,
                      duration_s=round(time.monotonic() - started, 3), notes=tuple(notes),
                      error=error)

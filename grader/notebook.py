@@ -23,13 +23,27 @@ from nbformat import NotebookNode
 
 from grader.errors import GraderError
 
+#: the largest submission the grader reads, in bytes (outputs included)
+MAX_NOTEBOOK_BYTES = 100_000_000
+
+
 def read(path: str | Path) -> NotebookNode:
     """Read a notebook as nbformat 4 (upgrading older minor versions, adding missing cell ids).
 
-    Raises GraderError naming the file when it is not a readable notebook."""
+    Raises GraderError naming the file when it is not a readable notebook, is saved in a newer
+    nbformat, or is larger than MAX_NOTEBOOK_BYTES."""
+    size = Path(path).stat().st_size if Path(path).is_file() else 0
+    if size > MAX_NOTEBOOK_BYTES:
+        raise GraderError(f"{path}: {size / 1e6:.0f} MB is more than the {MAX_NOTEBOOK_BYTES / 1e6:.0f} "
+                          "MB a submission may be; clear its outputs (Edit > Clear Outputs of All "
+                          "Cells) and save it again")
     try:
         nb = nbformat.read(str(path), as_version=4)
     except Exception as exc:  # JSON errors, schema errors, missing files: all "unreadable"
+        if "Unsupported nbformat version" in str(exc):
+            version = str(exc).rsplit(" ", 1)[-1]
+            raise GraderError(f"{path}: saved as nbformat {version}, newer than the grader reads "
+                              "(nbformat 4); save it as nbformat 4 (as JupyterLab 4 does)") from exc
         raise GraderError(f"{path}: not a readable Jupyter notebook ({type(exc).__name__}: {exc})") from exc
     nb.nbformat_minor = max(nb.get("nbformat_minor", 5), 5)
     for i, cell in enumerate(nb.cells):

@@ -11,8 +11,8 @@ the plain ways of doing so fail loudly instead of scoring:
 - Before each exercise's checks, :func:`tampering` compares the live objects with the snapshot:
   a replaced ``torch.allclose``, ``grader.checks.run_checks``, check function or registry entry
   is named, and the exercise gets ``error`` instead of a verdict.
-- :func:`strays` finds threads and child processes the answer left running (processes are
-  killed; either way the exercise gets ``error``).
+- :func:`strays` finds threads running the notebook's code and child processes that the answer
+  left running (processes are killed; either way the exercise gets ``error``).
 - :func:`seal` signs each verdict with the key (HMAC-SHA256); the grader accepts only verdicts
   whose seal it can verify, so a verdict displayed by learner code, or by a replaced
   ``grade()``, does not count.
@@ -28,6 +28,7 @@ import hmac
 import importlib.util
 import json
 import sys
+import sysconfig
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,6 +122,21 @@ def _same(old: tuple[object, object], new: tuple[object, object] | None, libs) -
     return False
 
 
+def _learners(thread: threading.Thread) -> bool:
+    """Whether ``thread`` runs the notebook's code: its target (or overridden ``run``) is not
+    defined in an installed library or the standard library (torch, tqdm and ipykernel start
+    threads of their own). A built-in target (``time.sleep``) counts as the notebook's."""
+    target = getattr(thread, "_target", None) or type(thread).run
+    code = getattr(target, "__code__", None)
+    if code is None:
+        return True
+    return not code.co_filename.startswith(_LIBRARY_DIRS)
+
+
+_LIBRARY_DIRS = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib",
+                                                          "platlib")})
+
+
 def _alive_children() -> list:
     import psutil
 
@@ -134,7 +150,7 @@ def _alive_children() -> list:
 def arm(lab_id: str) -> None:
     """Start guarding a grading kernel for ``lab_id``: take the key, load the lab's checks and
     snapshot what the checks rely on. Raises RuntimeError when the key file is missing."""
-    from grader import checks
+    from grader import checks, selfcheck  # noqa: F401  (snapshot every module the checks run)
     from grader.labs import load_lab
 
     path = Path(KEY_FILE)
@@ -186,7 +202,8 @@ def strays() -> tuple[list[str], list[str]]:
     """(threads, processes) started since the last call (or :func:`arm`) and still running, as
     learner-readable descriptions. The processes are killed (SIGKILL)."""
     snap: Snapshot = _STATE["snapshot"]
-    threads = [t for t in threading.enumerate() if t not in snap.threads and t.is_alive()]
+    threads = [t for t in threading.enumerate()
+               if t not in snap.threads and t.is_alive() and _learners(t)]
     procs = [p for p in _alive_children() if p.pid not in snap.pids]
     described = []
     for p in procs:

@@ -1,0 +1,410 @@
+"""Hostile and broken submissions, generated from the released notebooks so they stay in step
+with the labs.
+
+Each :class:`Fixture` starts from a *perfect submission* (the released notebook with the
+reference answers pasted into its answer cells, as a learner who solved everything would hand
+in) and applies one small mutation: a fault, a cheat or a break. ``expect`` maps the affected
+exercises to the status and a phrase of the message they must get; every other exercise must
+score as the reference does (``passed``).
+
+``python tests/hostile/catalogue.py OUT`` writes every fixture to ``OUT`` (to grade by hand).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from grader import notebook  # noqa: E402
+from grader.labs import load_lab  # noqa: E402
+from grader.selfcheck import VERDICT_MIME  # noqa: E402
+
+#: a value planted in the grader's environment; no submission may see it
+SECRET_ENV = ("GRADER_HOSTILE_SECRET", "hunter2-not-for-learners")
+
+
+@dataclass(frozen=True)
+class Fixture:
+    """One submission: ``build(perfect notebook) -> notebook or raw bytes``; ``expect`` maps
+    exercise slugs to ``(status, phrase)``; ``notes`` are phrases the result's notes must hold;
+    ``timeout`` overrides every exercise's limit (s); ``path`` is where it is written, relative
+    to the batch folder; ``error`` is a phrase of the result's ``error`` (ungradable notebooks)."""
+
+    name: str
+    kind: str
+    lab: str
+    build: Callable
+    expect: dict[str, tuple[str, str]] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    timeout: float | None = None
+    path: str = ""
+    error: str = ""
+    result_lab: str = ""
+
+    @property
+    def relpath(self) -> str:
+        return self.path or f"{self.name}/{load_lab(self.lab).notebook}.ipynb"
+
+
+# ------------------------------------------------------------------ building blocks
+def perfect(lab_id: str):
+    """The released notebook of ``lab_id`` with the reference answers in its answer cells."""
+    lab = load_lab(lab_id)
+    release = notebook.read(lab.release_path)
+    solution = notebook.read(lab.root / "solutions" / f"{lab.notebook}.ipynb")
+    reference = {c.id: c.source for c in solution.cells if notebook.role(c) == "answer"}
+    for cell in release.cells:
+        if notebook.role(cell) == "answer":
+            cell.source = reference[cell.id]
+    return release
+
+
+def answer(nb, lab: str, slug: str):
+    """The (first) answer cell of ``<lab>.<slug>``."""
+    return next(c for c in nb.cells if notebook.exercise_of(c) == f"{lab}.{slug}"
+                and notebook.role(c) == "answer")
+
+
+def name_of(lab: str, slug: str) -> str:
+    return load_lab(lab).exercise(f"{lab}.{slug}").answer
+
+
+def before(lab: str, slug: str, code: str):
+    """Mutation: ``code`` runs at the top of the exercise's answer cell."""
+    def build(nb):
+        cell = answer(nb, lab, slug)
+        cell.source = code + "\n" + cell.source
+        return nb
+    return build
+
+
+def after(lab: str, slug: str, code: str):
+    """Mutation: ``code`` runs after the exercise's reference answer (``{name}`` is its name)."""
+    def build(nb):
+        cell = answer(nb, lab, slug)
+        cell.source += "\n" + code.replace("{name}", name_of(lab, slug))
+        return nb
+    return build
+
+
+def chain(*steps):
+    def build(nb):
+        for step in steps:
+            nb = step(nb)
+        return nb
+    return build
+
+
+def stub(lab: str, slug: str):
+    """Mutation: the exercise's answer cell is back to the released stub."""
+    def build(nb):
+        release = notebook.read(load_lab(lab).release_path)
+        answer(nb, lab, slug).source = answer(release, lab, slug).source
+        return nb
+    return build
+
+
+def raw(data: bytes):
+    return lambda nb: data
+
+
+def _edit_release_cells(nb):
+    setup = next(c for c in nb.cells if notebook.role(c) == "setup")
+    setup.source += "\ntorch.allclose = lambda *a, **k: True  # the learner's 'fix'"
+    check = next(c for c in nb.cells if notebook.role(c) == "check"
+                 and notebook.exercise_of(c) == "autograd.engine")
+    markdown = [i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"]
+    nb.cells[markdown[1]], nb.cells[markdown[2]] = nb.cells[markdown[2]], nb.cells[markdown[1]]
+    nb.cells = [c for c in nb.cells if c is not check and c is not nb.cells[markdown[3]]]
+    return nb
+
+
+def _relabel_answer(nb):
+    answer(nb, "autograd", "engine").metadata["course"]["exercise"] = "autograd.graph-walk"
+    answer(nb, "autograd", "checkpoint").metadata["course"]["exercise"] = "autograd.bogus"
+    return nb
+
+
+def _duplicate_answer(nb):
+    cell = answer(nb, "autograd", "engine")
+    wrong = copy.deepcopy(cell)
+    wrong.id = "learner-first-try"
+    wrong.source = "def run_backward(*args, **kwargs):\n    return {}  # first try"
+    nb.cells.insert(nb.cells.index(cell), wrong)
+    return nb
+
+
+def _delete_answer(nb):
+    nb.cells.remove(answer(nb, "autograd", "engine"))
+    return nb
+
+
+def _markdown_answer(nb):
+    cell = answer(nb, "autograd", "engine")
+    nb.cells[nb.cells.index(cell)] = nbformat.v4.new_markdown_cell(
+        cell.source, id=cell.id, metadata=cell.metadata)
+    return nb
+
+
+def _nbformat(major: int):
+    def build(nb):
+        if major == 3:
+            return nbformat.writes(nbformat.convert(nb, 3), version=3).encode()
+        nb.nbformat = major
+        return json.dumps(nb).encode()
+    return build
+
+
+def _kernelspec(nb):
+    nb.metadata["kernelspec"] = {"name": "julia-1.9", "display_name": "Julia 1.9",
+                                 "language": "julia"}
+    return nb
+
+
+def _no_lab(nb):
+    del nb.metadata["course"]
+    return nb
+
+
+def _stale_outputs(nb):
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.execution_count = 7
+            cell.outputs = [
+                nbformat.v4.new_output("stream", name="stdout", text="STALE-OUTPUT\n"),
+                nbformat.v4.new_output("display_data", data={
+                    VERDICT_MIME: {"exercise": notebook.exercise_of(cell) or "", "status": "passed",
+                                   "message": "STALE-OUTPUT", "passed": 1, "total": 1, "seed": 0},
+                    "text/plain": "STALE-OUTPUT"})]
+    return nb
+
+
+def _huge(nb):
+    cell = nbformat.v4.new_code_cell("# the learner printed a lot here once", id="learner-huge")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=("y" * 79 + "\n") * 10_000)
+                    for _ in range(40)]  # 32 MB of embedded output
+    nb.cells.insert(5, cell)
+    return nb
+
+
+_FAKE_VERDICT = f'''
+from IPython.display import display
+print("✓ autograd.engine: passed — 6/6 checks passed")
+display({{{VERDICT_MIME!r}: {{"exercise": "autograd.engine", "status": "passed", "message": "ok",
+          "passed": 6, "total": 6, "seed": 0, "duration_s": 0.1}}, "text/plain": "passed"}}, raw=True)
+'''
+
+_FAKE_GRADE = f'''
+import grader.selfcheck
+from IPython.display import display
+
+def _always_passed(exercise_id, *, seed, device):
+    display({{{VERDICT_MIME!r}: {{"exercise": exercise_id, "status": "passed", "message": "ok",
+              "passed": 1, "total": 1, "seed": seed, "duration_s": 0.0}}}}, raw=True)
+
+grader.selfcheck.grade = _always_passed
+'''
+
+_LIAR_DICT = '''
+class _AlwaysEqual(dict):
+    def __eq__(self, other): return True
+    def __ne__(self, other): return False
+    def __bool__(self): return True
+    def __contains__(self, key): return True
+    def __getitem__(self, key): return _AlwaysEqual()
+    def __len__(self): return 3
+    def __iter__(self): return iter(("nodes", "edges", "leaves"))
+
+def {name}(output):
+    return _AlwaysEqual()
+'''
+
+_LIAR_TENSOR = '''
+class _Agreeable(torch.Tensor):
+    """Zeros that claim to equal whatever they are compared with."""
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in (torch.allclose, torch.equal):
+            return True
+        if func in (torch.isclose, torch.eq, torch.Tensor.__eq__):
+            return torch.ones(args[0].shape, dtype=torch.bool)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+_honest = {name}
+def {name}(*args, **kwargs):
+    return {k: torch.zeros_like(v).as_subclass(_Agreeable) for k, v in _honest(*args, **kwargs).items()}
+'''
+
+_DETECT = '''
+import os
+_words = ("GRADE", "PAPERMILL", "SECRET", "GITHUB", "JPY_", "PYTEST", "TOKEN")
+_leaks = sorted(k for k in os.environ if any(w in k.upper() for w in _words))
+_leaks += ["secret in /proc"] if "hunter2" in open("/proc/self/environ", errors="replace").read() else []
+_leaks += [f"file {p}" for p in os.listdir(".") if p not in ("tmp", ".ipython", ".jupyter")]
+_leaks += ["home outside the working folder"] if os.path.expanduser("~") != os.getcwd() else []
+if _leaks:
+    raise RuntimeError(f"the grading environment showed: {_leaks}")
+with open("learner-wrote-this.txt", "w") as f:
+    f.write("a file a learner wrote")
+'''
+
+_WRONG_GRADS = '''
+_honest = {name}
+def {name}(*args, **kwargs):
+    return {k: torch.zeros_like(v) for k, v in _honest(*args, **kwargs).items()}
+torch.allclose = lambda *a, **k: True
+torch.testing.assert_close = lambda *a, **k: None
+'''
+
+_PATCH_RUN_CHECKS = '''
+import grader.selfcheck, grader.checks
+grader.selfcheck.run_checks = lambda ex, answer, **kw: grader.checks.Verdict(
+    ex, "passed", "all good", 1, 1, kw.get("seed", 0))
+'''
+
+# ------------------------------------------------------------------ the catalogue
+A, D = "autograd", "dispatcher"
+
+FIXTURES = [
+    # execution faults
+    Fixture("loop-silent", "infinite loop without output", A,
+            before(A, "engine", "while True:\n    pass"),
+            {"engine": ("timeout", "exceeded the time limit of 15 s while running your answer")},
+            timeout=15),
+    Fixture("loop-printing", "infinite loop with output", A,
+            before(A, "checkpoint", "import itertools\nfor i in itertools.count():\n    print('spam', i)"),
+            {"checkpoint": ("timeout", "exceeded the time limit of 15 s")}, timeout=15),
+    Fixture("recursion-error", "deep recursion (RecursionError)", D,
+            after(D, "views", "def {name}(*args, **kwargs):\n    return {name}(*args, **kwargs)"),
+            {"views": ("error", "RecursionError")}),
+    Fixture("recursion-kills-interpreter", "recursion deep enough to kill the interpreter", A,
+            before(A, "graph-walk", "import sys\nsys.setrecursionlimit(10**9)\n"
+                   "def deep(n):  # through C (sorted) on every level: the C stack overflows\n"
+                   "    return sorted([0], key=lambda _: deep(n + 1))\ndeep(0)"),
+            {"graph-walk": ("crashed", "the kernel died while running your answer")}),
+    Fixture("kernel-deaths", "the kernel dies: os._exit(1), a segfault, SIGKILL to itself", A,
+            chain(before(A, "engine", "import os\nos._exit(1)"),
+                  before(A, "custom-function", "import ctypes\nctypes.string_at(0)"),
+                  before(A, "saved-tensor-hooks", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")),
+            {"engine": ("crashed", "exited with status 1"),
+             "custom-function": ("crashed", "segmentation fault"),
+             "saved-tensor-hooks": ("crashed", "killed (SIGKILL)")}),
+    Fixture("memory", "memory blow-up: in the answer cell, and in the answer when checked", A,
+            chain(before(A, "per-sample-grads", "hog = []\nwhile True:\n    hog.append(torch.ones(1 << 24))"),
+                  after(A, "graph-walk", "_honest = {name}\ndef {name}(output):\n"
+                        "    torch.empty(1 << 42)\n    return _honest(output)")),
+            {"per-sample-grads": ("crashed", "out of memory while running your answer: the kernel "
+                                  "may use at most 4 GiB"),
+             "graph-walk": ("crashed", "out of memory")}),
+    Fixture("output-flood", "output flood: 300k lines, and one 50 MB line", A,
+            chain(before(A, "engine", "for i in range(300_000):\n    print(i)"),
+                  before(A, "checkpoint", "print('x' * 50_000_000)"))),
+    Fixture("exits", "sys.exit(0), sys.exit(1), raise SystemExit, raise KeyboardInterrupt", D,
+            chain(before(D, "views", "import sys\nsys.exit(0)"),
+                  before(D, "op-trace", "import sys\nsys.exit(1)"),
+                  before(D, "key-priority", "raise SystemExit"),
+                  before(D, "custom-op", "raise KeyboardInterrupt")),
+            {"views": ("error", "SystemExit: 0 (it called sys.exit()"),
+             "op-trace": ("error", "SystemExit: 1 (it called sys.exit()"),
+             "key-priority": ("error", "SystemExit (it called sys.exit()"),
+             "custom-op": ("error", "KeyboardInterrupt (it raised KeyboardInterrupt")}),
+    Fixture("stray-thread", "a thread left running after the answer cell", A,
+            after(A, "graph-walk", "import threading, time\nthreading.Thread(target=time.sleep, "
+                  "args=(3600,), name='spinner', daemon=True).start()"),
+            {"graph-walk": ("error", "left 1 thread(s) running ('spinner')")}),
+    Fixture("stray-process", "a child process left running after the answer cell", A,
+            after(A, "engine", "import subprocess\n_child = subprocess.Popen(['sleep', '3607'])"),
+            {"engine": ("error", "child process(es) running (pid")}),
+    # cheating and tampering
+    Fixture("hidden-traceback", "showtraceback overridden to hide an error", A,
+            before(A, "custom-function", "get_ipython().showtraceback = lambda *a, **k: None\n"
+                   "get_ipython()._showtraceback = lambda *a, **k: None\n1 / 0"),
+            {"custom-function": ("error", "ZeroDivisionError: division by zero")}),
+    Fixture("lying-eq", "an answer whose result says yes to every comparison", A,
+            after(A, "graph-walk", _LIAR_DICT), {"graph-walk": ("failed", "subclass")}),
+    Fixture("lying-tensor", "a tensor subclass that lies about its values", A,
+            after(A, "per-sample-grads", _LIAR_TENSOR),
+            {"per-sample-grads": ("failed", "subclass")}),
+    Fixture("patched-torch", "torch.allclose / assert_close patched to pass wrong answers", A,
+            after(A, "per-sample-grads", _WRONG_GRADS),
+            {"per-sample-grads": ("error", "the notebook replaced `torch.allclose`")}),
+    Fixture("patched-grader", "the grader's run_checks replaced from an answer", D,
+            after(D, "privateuse1", _PATCH_RUN_CHECKS),
+            {"privateuse1": ("error", "the notebook replaced `grader.selfcheck.run_checks`")}),
+    Fixture("fake-grade", "the grader's grade() replaced by one that always passes", A,
+            chain(stub(A, "per-sample-grads"), after(A, "per-sample-grads", _FAKE_GRADE)),
+            {"per-sample-grads": ("error", "not sealed by the grader")}),
+    Fixture("fake-verdict-output", "the expected verdict written into the answer's output", A,
+            chain(stub(A, "engine"), after(A, "engine", _FAKE_VERDICT)),
+            {"engine": ("error", "autograd.engine is still the stub")}),
+    Fixture("detects-grading", "reads the environment and files to detect grading", A,
+            after(A, "engine", _DETECT)),
+    Fixture("edited-release-cells", "setup edited, narrative and check cells deleted and moved", A,
+            _edit_release_cells,
+            notes=("differs from the release", "missing and were put back", "were moved")),
+    Fixture("changed-exercise-id", "answer cells relabelled to another or an unknown exercise", A,
+            _relabel_answer,
+            notes=("autograd.graph-walk has 2 answer cells", "'autograd.bogus', which lab autograd",
+                   "no answer cell for autograd.engine")),
+    # broken notebooks
+    Fixture("invalid-json", "invalid JSON", A, raw(b'{"cells": [{"cell_type": "code",'),
+            {s: ("error", "not a readable Jupyter notebook") for s in ("graph-walk", "engine")},
+            error="not a readable Jupyter notebook"),
+    Fixture("empty-file", "an empty file", A, raw(b""),
+            {"engine": ("error", "not a readable Jupyter notebook")},
+            error="not a readable Jupyter notebook"),
+    Fixture("not-a-notebook", "a file that is not a notebook", A,
+            raw(b"\x89PNG\r\n\x1a\n" + bytes(range(256))),
+            {"engine": ("error", "not a readable Jupyter notebook")},
+            error="not a readable Jupyter notebook"),
+    Fixture("nbformat-3", "nbformat 3", A, _nbformat(3)),
+    Fixture("nbformat-5", "a newer nbformat than supported", A, _nbformat(5),
+            {"engine": ("error", "saved as nbformat 5, newer than the grader reads")},
+            error="saved as nbformat 5"),
+    Fixture("unknown-kernelspec", "a kernelspec that does not exist here", A, _kernelspec,
+            notes=("asks for the kernel 'julia-1.9'; it was graded with the course's kernel",)),
+    Fixture("answer-deleted", "an answer cell deleted", A, _delete_answer,
+            {"engine": ("error", "No answer cell for autograd.engine was found")}),
+    Fixture("answer-duplicated", "an answer cell duplicated (a wrong first try above)", A,
+            _duplicate_answer, notes=("autograd.engine has 2 answer cells; they ran in order, so "
+                                      "the last, the code cell starting \"import heapq\", defines",)),
+    Fixture("answer-markdown", "an answer cell turned into markdown", A, _markdown_answer,
+            {"engine": ("error", "is a markdown cell, so it did not run")}),
+    Fixture("other-lab", "a notebook of another lab under this lab's name", D, lambda nb: nb,
+            path="other-lab/02_autograd.ipynb", result_lab=D,
+            notes=("the file name says lab autograd, but the notebook is lab dispatcher",)),
+    Fixture("no-lab", "a notebook of no lab", A, _no_lab, path="no-lab/homework.ipynb",
+            error="cannot tell which lab", result_lab="unknown"),
+    Fixture("stale-outputs", "stale outputs (and verdicts) from the learner's own run", A,
+            chain(stub(A, "engine"), _stale_outputs),
+            {"engine": ("error", "autograd.engine is still the stub")}),
+    Fixture("huge-notebook", "a notebook with 32 MB of embedded outputs", A, _huge),
+    Fixture("unicode-path", "a path with spaces and non-ASCII characters", A, lambda nb: nb,
+            path="Zoë Müller/02_autograd.ipynb"),
+]
+
+
+def write(fixture: Fixture, folder: Path) -> Path:
+    """Write ``fixture``'s submission under ``folder``; return its path."""
+    built = fixture.build(perfect(fixture.lab))
+    path = folder / fixture.relpath
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(built, bytes):
+        path.write_bytes(built)
+    else:
+        path.write_text(nbformat.writes(built, version=4), encoding="utf-8")
+    return path
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "build/hostile")
+    for fx in FIXTURES:
+        print(write(fx, out))

@@ -126,7 +126,8 @@ def _learners(thread: threading.Thread) -> bool:
     """Whether ``thread`` runs the notebook's code: its target (or overridden ``run``) is not
     defined in an installed library or the standard library (torch, tqdm and ipykernel start
     threads of their own). A built-in target (``time.sleep``) counts as the notebook's."""
-    target = getattr(thread, "_target", None) or type(thread).run
+    target = (getattr(thread, "_target", None) or getattr(thread, "function", None)  # Timer
+              or type(thread).run)
     code = getattr(target, "__code__", None)
     if code is None:
         return True

@@ -48,10 +48,43 @@ def test_edited_release_cells_are_restored_and_reported():
     assert sorted(c.id for c in built.edited) == ["intro", "setup"]
 
 
-def test_deleted_release_cells_come_back():
+def test_deleted_release_cells_come_back_and_are_noted():
     sub = _submission()
     sub.cells = [c for c in sub.cells if c.id not in ("setup", "mul-md")]
-    assert "setup" in _ids(_run(sub).nb) and "mul-md" in _ids(_run(sub).nb)
+    built = _run(sub)
+    assert "setup" in _ids(built.nb) and "mul-md" in _ids(built.nb)
+    assert built.notes == ["2 cell(s) of the release were missing and were put back, first the "
+                           f"code cell starting \"{_cell(RELEASE, 'setup').source.splitlines()[0]}\""]
+
+
+def test_moved_release_cells_run_in_release_order_and_are_noted():
+    sub = _submission()
+    outro = _cell(sub, "outro")
+    sub.cells.remove(outro)
+    sub.cells.insert(0, outro)
+    built = _run(sub)
+    assert _ids(built.nb)[-1] == "outro"
+    assert len(built.notes) == 1 and built.notes[0].startswith("cells of the release were moved")
+
+
+def test_duplicated_markdown_and_unknown_answer_cells_are_noted():
+    sub = _submission()
+    add = _cell(sub, "add-answer")
+    first_try = copy.deepcopy(add)
+    first_try.id, first_try.source = "first-try", "def add(a, b):\n    return a - b"
+    sub.cells.insert(sub.cells.index(add), first_try)
+    mul = _cell(sub, "mul-answer")
+    sub.cells[sub.cells.index(mul)] = v4.new_markdown_cell(mul.source, id=mul.id,
+                                                           metadata=mul.metadata)
+    stray = copy.deepcopy(add)
+    stray.id, stray.metadata["course"]["exercise"] = "stray", "toy.nope"
+    sub.cells.append(stray)
+    built = _run(sub)
+    assert built.missing == ["toy.mul"] and built.markdown == ["toy.mul"]
+    notes = " | ".join(built.notes)
+    assert "toy.add has 2 answer cells; they ran in order, so the last, the code cell" in notes
+    assert "1 answer cell(s) of toy.mul are markdown" in notes
+    assert "1 answer cell(s) name exercise 'toy.nope', which lab toy does not have" in notes
 
 
 def test_learner_cells_stay_where_they_stand_and_lose_grader_tags():

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from tests.conftest import assert_rejected
+from tests.labs._liars import fools_allclose, lying
 
 EX = "autograd.checkpoint"
 
@@ -75,3 +76,36 @@ WRONG = {
 @pytest.mark.parametrize("name", list(WRONG))
 def test_wrong_answers_fail(name):
     assert_rejected(EX, WRONG[name])
+
+
+# ------------------------------------------------------------------ lying answers
+def rng_not_restored_claiming_close(fn, *args):
+    """Does not restore the RNG state (dropout draws another mask in the recompute), and returns its
+    output as a tensor subclass that claims to be close to anything."""
+    return lying(_make(restore_rng=False)(fn, *args))
+
+
+def no_graph_claiming_close(fn, *args):
+    """No checkpointing and no graph: fn's no-grad output as a tensor subclass that claims to be close
+    to anything."""
+    with torch.no_grad():
+        return lying(fn(*args))
+
+
+LYING = {
+    "a flawed checkpoint whose output claims to be close": (rng_not_restored_claiming_close,
+                                                             "subclass of Tensor"),
+    "no graph, output claims to be close": (no_graph_claiming_close, "subclass of Tensor"),
+}
+
+
+def test_lying_answers_would_fool_a_naive_comparison():
+    x = torch.randn(2, 3, requires_grad=True)
+    out = no_graph_claiming_close(torch.tanh, x)
+    assert not out.requires_grad and fools_allclose(out, torch.zeros(2, 3))
+
+
+@pytest.mark.parametrize("name", list(LYING))
+def test_lying_answers_are_refused_for_their_type(name):
+    answer, phrase = LYING[name]
+    assert_rejected(EX, answer, phrase)

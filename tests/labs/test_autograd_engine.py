@@ -7,7 +7,9 @@ import itertools
 import pytest
 import torch
 
+from grader.checks import run_checks
 from tests.conftest import assert_rejected
+from tests.labs._liars import LyingDict, fools_allclose, lying
 
 EX = "autograd.engine"
 
@@ -184,3 +186,49 @@ WRONG = {
 def test_plausible_wrong_answers_fail(name):
     answer, phrase = WRONG[name]
     assert_rejected(EX, answer, phrase, seed=0)
+
+
+# ------------------------------------------------------------------ lying answers
+def _overwrites_but_claims_close(output, grad_output=None):
+    """Overwrites fan-out gradients (wrong values) and returns them as tensors whose
+    __torch_function__ claims they are close to anything."""
+    return {leaf: lying(g) for leaf, g in _engine(accumulate="overwrite")(output, grad_output).items()}
+
+
+def _zeros_claiming_close(output, grad_output=None):
+    """No engine at all: zeros of the right shapes and dtypes, claiming to be close."""
+    return {leaf: lying(torch.zeros_like(g)) for leaf, g in _engine()(output, grad_output).items()}
+
+
+def _overwrites_in_a_lying_dict(output, grad_output=None):
+    """Overwrites fan-out gradients, in a dict subclass that equals anything and claims every key."""
+    return LyingDict(_engine(accumulate="overwrite")(output, grad_output))
+
+
+LYING = {
+    "zeros that claim to be close": (_zeros_claiming_close, "subclass of Tensor"),
+    "wrong gradients that claim to be close": (_overwrites_but_claims_close, "subclass of Tensor"),
+    "wrong gradients in a dict subclass": (_overwrites_in_a_lying_dict, "subclass of dict"),
+}
+
+
+def test_lying_answers_would_fool_a_naive_comparison():
+    x = torch.randn(3, requires_grad=True)
+    out = (x * x.sin()).sum()
+    want = torch.autograd.grad(out, x, retain_graph=True)[0]
+    got = _zeros_claiming_close(out)[x]
+    assert fools_allclose(got, want) and not torch.equal(got.as_subclass(torch.Tensor), want)
+
+
+@pytest.mark.parametrize("name", list(LYING))
+def test_lying_answers_are_refused_for_their_type(name):
+    answer, phrase = LYING[name]
+    assert_rejected(EX, answer, phrase, seed=0)
+
+
+def test_honest_variants_of_the_result_still_pass(reference):
+    """A defaultdict or an OrderedDict of plain tensors is as good as a dict."""
+    run_backward = reference(EX)
+    for kind in (collections.OrderedDict, lambda d: collections.defaultdict(lambda: None, d)):
+        v = run_checks(EX, lambda *args, kind=kind: kind(run_backward(*args)), seed=0, hidden=True)
+        assert v.status == "passed", v.message

@@ -1,8 +1,14 @@
 """autograd.graph-walk: plausible wrong walks fail, called directly through run_checks (milliseconds).
 The reference and the stub are tested for every exercise in test_exercise_contract.py."""
-import pytest
+import collections
+import functools
 
-from tests.conftest import assert_rejected
+import pytest
+import torch
+
+from grader.checks import run_checks
+from tests.conftest import assert_rejected, load_answer
+from tests.labs._liars import LyingDict, LyingList
 
 EX = "autograd.graph-walk"
 
@@ -72,3 +78,75 @@ WRONG = {
 def test_plausible_wrong_answers_fail(name):
     answer, phrase = WRONG[name]
     assert_rejected(EX, answer, phrase, seed=0)
+
+
+# ------------------------------------------------------------------ lying answers
+@functools.lru_cache(maxsize=1)
+def _reference_walk():
+    return load_answer(EX)
+
+
+def _claims_every_key(output):
+    """The reference's walk, returned in a dict subclass that claims to contain every key and to
+    equal anything."""
+    return LyingDict(_reference_walk()(output))
+
+
+def _hides_repeated_nodes(output):
+    """No visited set, so 'nodes' repeats nodes; a list subclass hides the repeats from whoever
+    iterates it (and claims the deduplicated length)."""
+    nodes = _walk(dedup=None)(output)["nodes"]
+    unique = list({id(n): n for n in nodes}.values())
+
+    class Hiding(list):
+        def __iter__(self):
+            return iter(unique)
+
+        def __len__(self):
+            return len(unique)
+
+    result = _walk()(output)
+    result["nodes"] = Hiding(nodes)
+    return result
+
+
+def _edges_claiming_none(output):
+    """The reference's walk, with 'edges' in a list subclass that equals anything and claims length 0."""
+    result = _reference_walk()(output)
+    result["edges"] = LyingList(result["edges"], claims=0)
+    return result
+
+
+LYING = {
+    "a dict subclass that claims every key": (_claims_every_key, "subclass of dict"),
+    "nodes repeated, hidden by a list subclass": (_hides_repeated_nodes, "subclass of list"),
+    "edges in a list subclass that equals anything": (_edges_claiming_none, "subclass of list"),
+}
+
+
+def test_lying_answers_would_fool_a_naive_comparison():
+    x = torch.randn(3, requires_grad=True)
+    out = (x * x).sum()
+    got = _claims_every_key(out)
+    assert "anything" in got and got == {}
+    hiding = _hides_repeated_nodes(out)["nodes"]
+    assert list.__len__(hiding) > len(hiding) == len(set(map(id, hiding)))   # it really holds repeats
+
+
+@pytest.mark.parametrize("name", list(LYING))
+def test_lying_answers_are_refused_for_their_type(name):
+    answer, phrase = LYING[name]
+    assert_rejected(EX, answer, phrase, seed=0)
+
+
+def test_honest_variants_of_the_result_still_pass():
+    """Exact types are required, but the usual honest spellings are not refused: tuples instead of
+    lists, [node, next, nr] lists as edges, an OrderedDict."""
+    walk = _reference_walk()
+
+    def variant(output):
+        got = walk(output)
+        return collections.OrderedDict(nodes=tuple(got["nodes"]), edges=[list(e) for e in got["edges"]],
+                                       leaves=tuple(got["leaves"]))
+    v = run_checks(EX, variant, seed=0, hidden=True)
+    assert v.status == "passed", v.message

@@ -1,10 +1,14 @@
 """autograd.per-sample-grads: plausible wrong answers fail, called directly through run_checks (milliseconds).
 The reference and the stub are tested for every exercise in test_exercise_contract.py."""
+import collections
+
 import pytest
 import torch
 from torch.func import functional_call, grad, vmap
 
+from grader.checks import run_checks
 from tests.conftest import assert_rejected
+from tests.labs._liars import LyingDict, LyingStr, fools_allclose, lying
 
 EX = "autograd.per-sample-grads"
 
@@ -56,3 +60,58 @@ def mean_loss_over_the_batch(model, loss_fn, inputs, targets):
                                    differentiates_everything, mean_loss_over_the_batch])
 def test_wrong_answers_fail(wrong):
     assert_rejected(EX, wrong)
+
+
+# ------------------------------------------------------------------ lying answers
+def batch_gradient_claiming_close(model, loss_fn, inputs, targets):
+    """The batch gradient for every example (wrong), as tensors that claim to be close to anything."""
+    return {n: lying(g) for n, g in full_batch_gradient(model, loss_fn, inputs, targets).items()}
+
+
+def zeros_claiming_close(model, loss_fn, inputs, targets):
+    """Zeros of the right shapes, as tensors that claim to be close to anything."""
+    return {n: lying(torch.zeros(len(inputs), *p.shape, dtype=p.dtype))
+            for n, p in _trainable(model).items()}
+
+
+def _names_that_equal_anything(model, loss_fn, inputs, targets):
+    """Per-sample gradients of every parameter, frozen ones included (wrong), keyed by str subclasses
+    that claim to equal any name."""
+    return {LyingStr(n): g for n, g in differentiates_everything(model, loss_fn, inputs, targets).items()}
+
+
+def _in_a_lying_dict(model, loss_fn, inputs, targets):
+    """The batch gradient for every example (wrong), in a dict subclass that equals anything."""
+    return LyingDict(full_batch_gradient(model, loss_fn, inputs, targets))
+
+
+LYING = {
+    "zeros that claim to be close": (zeros_claiming_close, "subclass of Tensor"),
+    "batch gradients that claim to be close": (batch_gradient_claiming_close, "subclass of Tensor"),
+    "names that equal anything": (_names_that_equal_anything, "subclass of str"),
+    "a dict subclass": (_in_a_lying_dict, "subclass of dict"),
+}
+
+
+def test_lying_answers_would_fool_a_naive_comparison(reference):
+    model = torch.nn.Linear(3, 2)
+    x, y = torch.randn(4, 3), torch.randn(4, 2)
+    want = reference(EX)(model, torch.nn.functional.mse_loss, x, y)
+    got = zeros_claiming_close(model, torch.nn.functional.mse_loss, x, y)
+    assert list(got) == list(want) and all(fools_allclose(got[n], want[n]) for n in want)
+    names = _names_that_equal_anything(model, torch.nn.functional.mse_loss, x, y)
+    assert all(name == "any name" for name in names)
+
+
+@pytest.mark.parametrize("name", list(LYING))
+def test_lying_answers_are_refused_for_their_type(name):
+    answer, phrase = LYING[name]
+    assert_rejected(EX, answer, phrase)
+
+
+def test_an_ordered_dict_still_passes(reference):
+    """Exact types are required, but an OrderedDict (what vmap(grad(...)) returns for an OrderedDict
+    of parameters) is not refused."""
+    per_sample_grads = reference(EX)
+    v = run_checks(EX, lambda *args: collections.OrderedDict(per_sample_grads(*args)), seed=0, hidden=True)
+    assert v.status == "passed", v.message

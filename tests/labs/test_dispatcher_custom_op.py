@@ -7,6 +7,7 @@ import torch
 
 from grader.checks import run_checks
 from tests.conftest import assert_rejected
+from tests.labs._liars import LyingTensor, fools_allclose, lying
 
 EX = "dispatcher.custom-op"
 
@@ -131,3 +132,61 @@ def test_value_messages_quote_distinct_numbers():
     mine, ref = found.groups()
     assert mine != ref and float(mine) != float(ref), v.message
     assert "Compute in the input's dtype" in v.message, v.message
+
+
+# ------------------------------------------------------------------ lying answers
+def _max_claiming_close(x, temperature):
+    """The row maximum (wrong for every temperature), as a tensor that claims to be close to anything."""
+    return lying(x.amax(-1))
+
+
+def _backward_claiming_close(qualname):
+    """The right kernel, and a backward that forgets the temperature but returns its gradient as a
+    tensor that claims to be close to anything."""
+    op = _register(qualname)
+
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return lying(grad.unsqueeze(-1) * torch.softmax(x, dim=-1)), None
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+        ctx.temperature = inputs[1]
+
+    op.register_autograd(backward, setup_context=setup_context)
+    return op
+
+
+class _ClaimsToBeTheOp:
+    """Registers the right operator but returns a stand-in whose results claim to equal anything."""
+
+    def __init__(self, op):
+        self.op = op
+
+    def __call__(self, x, temperature):
+        return lying(torch.zeros(x.shape[:-1], dtype=x.dtype))
+
+
+LYING = {
+    "kernel returns a tensor that claims to be close": (lambda q: _register(q, kernel=_max_claiming_close),
+                                                        "subclass of Tensor"),
+    "backward returns a gradient that claims to be close": (_backward_claiming_close, "subclass of Tensor"),
+    "returns a stand-in whose results claim to be close": (lambda q: _ClaimsToBeTheOp(_register(q)),
+                                                           "subclass of Tensor"),
+}
+
+
+def test_lying_answers_would_fool_a_naive_comparison():
+    op = _register("course_lying::smooth_max", kernel=_max_claiming_close)
+    try:
+        x = torch.randn(3, 5)
+        got = op(x, 0.5)
+        assert type(got) is LyingTensor and fools_allclose(got, _smooth_max(x, 0.5))
+    finally:
+        torch._library.custom_ops.OPDEF_TO_LIB.pop("course_lying::smooth_max")._destroy()
+
+
+@pytest.mark.parametrize("name", list(LYING))
+def test_lying_answers_are_refused_for_their_type(name):
+    answer, phrase = LYING[name]
+    assert_rejected(EX, answer, phrase, seed=0)

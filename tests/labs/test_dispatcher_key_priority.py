@@ -5,6 +5,7 @@ import torch
 
 from grader.checks import run_checks
 from tests.conftest import assert_rejected
+from tests.labs._liars import LyingStr
 
 EX = "dispatcher.key-priority"
 
@@ -82,3 +83,34 @@ def test_libraries_are_destroyed():
     run_checks(EX, _model(use_exclude=False), seed=1, hidden=True)
     after = {n for n in torch._C._dispatch_get_all_op_names() if n.startswith("_kp_")}
     assert after == before
+
+
+# ------------------------------------------------------------------ lying answers
+def _always_claims(keyset, kernels, fallthroughs=(), include=(), exclude=()):
+    """Models nothing: a str subclass that claims to equal any key name (and None)."""
+    return LyingStr("CPU")
+
+
+def _flawed_but_claims(keyset, kernels, fallthroughs=(), include=(), exclude=()):
+    """Ignores the TLS exclude set, and dresses its answer (even 'none') as a str that claims to equal
+    the right one."""
+    key = _model(use_exclude=False)(keyset, kernels, fallthroughs, include, exclude)
+    return LyingStr("" if key is None else key)
+
+
+LYING = {
+    "a key name that equals anything": (_always_claims, "subclass of str"),
+    "a flawed model whose names equal anything": (_flawed_but_claims, "subclass of str"),
+}
+
+
+def test_lying_answers_would_fool_a_naive_comparison():
+    got = _always_claims(["CPU"], ["CPU"])
+    assert got == "AutogradCPU" and got == None  # noqa: E711
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name", list(LYING))
+def test_lying_answers_are_refused_for_their_type(name, seed):
+    answer, phrase = LYING[name]
+    assert_rejected(EX, answer, phrase, seed=seed)

@@ -7,6 +7,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from grader.checks import run_checks
 from tests.conftest import assert_rejected
+from tests.labs._liars import LyingStr
 
 EX = "dispatcher.op-trace"
 
@@ -145,3 +146,55 @@ def test_holding_tensors_is_caught_and_explained():
     """A mode that keeps tensors alive changes AccumulateGrad's ops on .backward()."""
     v = run_checks(EX, HoldsTensors, seed=0, hidden=True)
     assert v.status == "failed" and "references to tensors" in v.message, v.message
+
+
+# ------------------------------------------------------------------ lying answers
+class AnyNodeName(_Base):
+    """Doesn't work out the node: records a str subclass that claims to equal any name (and None)."""
+
+    def node_name(self, node):
+        return LyingStr("SomeBackward0")
+
+
+class _Follows(list):
+    """An empty list that claims to be as long as another list."""
+
+    def __init__(self, other):
+        super().__init__()
+        self.other = other
+
+    def __len__(self):
+        return len(self.other)
+
+
+class NodesClaimingLength(_Base):
+    """Records no nodes at all; `nodes` claims to have as many entries as `ops`."""
+
+    def __init__(self):
+        super().__init__()
+        self.nodes = _Follows(self.ops)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+LYING = {
+    "node names that equal anything": (AnyNodeName, "subclass of str"),
+    "an empty nodes list that claims the length of ops": (NodesClaimingLength, "subclass of list"),
+}
+
+
+def test_lying_answers_would_fool_a_naive_comparison():
+    x = torch.randn(3, requires_grad=True)
+    with AnyNodeName() as liar, NodesClaimingLength() as hider:
+        torch.autograd.grad(x.sin().sum(), x)
+    assert liar.nodes[0] == None and liar.nodes[-1] == "SinBackward0"  # noqa: E711
+    assert len(hider.nodes) == len(hider.ops) > 0 and list(zip(hider.nodes, hider.ops)) == []
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name", list(LYING))
+def test_lying_answers_are_refused_for_their_type(name, seed):
+    answer, phrase = LYING[name]
+    assert_rejected(EX, answer, phrase, seed=seed)

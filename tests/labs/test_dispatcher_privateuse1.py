@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from grader.checks import run_checks
+from tests.conftest import assert_rejected
 
 EX = "dispatcher.privateuse1"
 
@@ -117,3 +118,48 @@ def test_checks_leave_no_backend_behind(reference):
     if name == "privateuseone":
         assert torch._C._get_accelerator().type == "cpu"
     assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::add.Tensor", "PrivateUse1")
+
+
+# ------------------------------------------------------------------ lying answers
+class _ClaimsDevice(torch.Tensor):
+    """A CPU tensor whose __torch_function__ says it is on the PrivateUse1 device."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func == torch.Tensor.device.__get__:
+            return torch.device(torch._C._get_privateuse1_backend_name(), 0)
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+
+def _cpu_backend_claiming_the_device(lib):
+    """Keeps every "device" tensor a CPU tensor that claims to be on the device."""
+    def claim(t):
+        return t.as_subclass(_ClaimsDevice)
+
+    def plain(v):
+        return v.as_subclass(torch.Tensor) if isinstance(v, torch.Tensor) else v
+
+    def copy_from(self, dst, non_blocking=False):
+        with torch._C.DisableTorchFunctionSubclass():
+            plain(dst).copy_(plain(self))
+        return dst
+
+    lib.impl("empty.memory_format", lambda size, dtype=None, layout=None, device=None, pin_memory=None,
+             memory_format=None: claim(torch.empty(size, dtype=dtype)), "PrivateUse1")
+    lib.impl("empty_strided", lambda size, stride, dtype=None, layout=None, device=None, pin_memory=None:
+             claim(torch.empty(size, dtype=dtype)), "PrivateUse1")
+    lib.impl("_copy_from", copy_from, "PrivateUse1")
+    lib.impl("add.Tensor", lambda a, b, alpha=1: claim(torch.add(plain(a), plain(b), alpha=alpha)), "PrivateUse1")
+
+
+def test_lying_answers_would_fool_a_naive_comparison():
+    from labs.dispatcher.checks.privateuse1 import _backend as backend
+
+    with backend(_cpu_backend_claiming_the_device) as name:
+        t = torch.empty(2, 3, device=name)
+        assert t.device.type == name and t.as_subclass(torch.Tensor).device.type == "cpu"
+
+
+def test_lying_answers_are_refused_for_their_type():
+    assert_rejected(EX, _cpu_backend_claiming_the_device, "subclass of Tensor")

@@ -4,7 +4,9 @@ import pytest
 import torch
 from torch.utils._pytree import tree_map_only
 
+from grader.checks import run_checks
 from tests.conftest import assert_rejected
+from tests.labs._liars import LyingTensor, lying
 
 EX = "dispatcher.subclass"
 aten = torch.ops.aten
@@ -127,3 +129,93 @@ def test_plausible_wrong_answers_fail(name):
     answer, phrase = WRONG[name]
     assert_rejected(EX, answer, phrase, seed=0)
 
+
+
+# ------------------------------------------------------------------ lying answers
+_Reference = _scaled_tensor()
+
+
+class InnerClaimsClose(_Reference):
+    """Wraps every floating-point result around zeros held in a tensor subclass that claims to be close
+    to anything, so that inner * scale "equals" whatever it is compared with."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if func.is_view or func._schema.is_mutable:
+            return out
+
+        def liar(o):
+            if type(o) is cls and not isinstance(o.inner, LyingTensor):
+                return cls(lying(torch.zeros_like(o.inner)), o.scale)
+            return o
+        return tree_map_only(torch.Tensor, liar, out)
+
+
+class ScaleClaimsAnything(_Reference):
+    """mm / bmm forget the second scale, stored as a float subclass that claims to equal anything."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if func in (aten.mm.default, aten.bmm.default) and all(type(t) is cls for t in args[:2]):
+            out.scale = _AnyFloat(args[0].scale)
+        return out
+
+
+class _AnyFloat(float):
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    def __sub__(self, other):
+        return 0.0
+
+    __hash__ = float.__hash__
+
+
+LYING = {
+    "results whose inner claims to be close": (InnerClaimsClose, "subclass of Tensor"),
+    "a matmul scale that equals anything": (ScaleClaimsAnything, "subclass of float"),
+}
+
+
+def test_lying_answers_would_fool_a_naive_comparison():
+    a = InnerClaimsClose(torch.randn(2, 3), 2.0)
+    out = a + 1
+    naive_dense = out.inner * out.scale
+    assert torch.allclose(naive_dense, a.inner * 2.0 + 1) and not out.inner.as_subclass(torch.Tensor).any()
+    c, d = ScaleClaimsAnything(torch.randn(2, 3), 2.0), ScaleClaimsAnything(torch.randn(3, 2), 3.0)
+    product = c @ d
+    assert product.scale == 6.0 and abs(product.scale - 6.0) < 1e-9 and float(product.scale) == 2.0
+
+
+@pytest.mark.parametrize("name", list(LYING))
+def test_lying_answers_are_refused_for_their_type(name):
+    answer, phrase = LYING[name]
+    assert_rejected(EX, answer, phrase, seed=0)
+
+
+class IntScales(_Reference):
+    """Honest: stores .scale as given, and its results of scale 1 carry the int 1."""
+
+    def __init__(self, inner, scale):
+        self.inner, self.scale = inner, scale
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+
+        def int_scale(o):
+            if type(o) is cls and o.scale == 1.0:
+                o.scale = 1
+            return o
+        return tree_map_only(torch.Tensor, int_scale, out)
+
+
+def test_honest_variants_still_pass():
+    """Exact types are required, but an int scale (1 rather than 1.0) in results is not refused."""
+    v = run_checks(EX, IntScales, seed=0, hidden=True)
+    assert v.status == "passed", v.message

@@ -3,7 +3,9 @@ The reference and the stub are tested for every exercise in test_exercise_contra
 import pytest
 import torch
 
+from grader.checks import run_checks
 from tests.conftest import assert_rejected
+from tests.labs._liars import LyingList
 
 EX = "dispatcher.views"
 
@@ -130,3 +132,81 @@ WRONG = {
 def test_plausible_wrong_answers_fail(name, seed):
     answer, phrase = WRONG[name]
     assert_rejected(EX, answer, phrase, seed=seed)
+
+
+# ------------------------------------------------------------------ lying answers
+class _AnyInt(int):
+    """An int that claims to equal anything."""
+
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    __hash__ = int.__hash__
+
+
+class _AnyEntry(tuple):
+    """A tuple that claims to equal anything."""
+
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    __hash__ = tuple.__hash__
+
+
+def _claims_one_entry_per_op(shape, ops):
+    """Computes nothing: an empty list subclass that claims to hold one entry per op (a check that
+    zips over it sees no entry to compare)."""
+    return LyingList(claims=len(ops))
+
+
+def _entries_that_equal_anything(shape, ops):
+    """One made-up entry per op, a tuple subclass that claims to equal anything."""
+    return [_AnyEntry(((0,), (0,), 0, True)) for _ in ops]
+
+
+def _sizes_that_equal_anything(shape, ops):
+    """The offsets and strides of a flawed geometry (steps keep the stride), with sizes that are
+    ints claiming to equal anything."""
+    return [(tuple(_AnyInt(s) for s in sizes), strides, _AnyInt(offset), shares)
+            for sizes, strides, offset, shares in _geometry("step keeps the stride")(shape, ops)]
+
+
+LYING = {
+    "an empty list that claims one entry per op": (_claims_one_entry_per_op, "subclass of list"),
+    "entries that equal anything": (_entries_that_equal_anything, "subclass of tuple"),
+    "ints that equal anything": (_sizes_that_equal_anything, "subclass of int"),
+}
+
+
+def test_lying_answers_would_fool_a_naive_comparison():
+    ops = [("transpose", 0, 1)]
+    got = _claims_one_entry_per_op((2, 3), ops)
+    assert len(got) == len(ops) and list(zip(ops, got)) == []
+    assert _entries_that_equal_anything((2,), [("contiguous",)]) == [((2,), (1,), 0, True)]
+    assert _AnyInt(0) == 5
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name", list(LYING))
+def test_lying_answers_are_refused_for_their_type(name, seed):
+    answer, phrase = LYING[name]
+    assert_rejected(EX, answer, phrase, seed=seed)
+
+
+def test_honest_variants_of_the_result_still_pass():
+    """Exact types are required, but lists instead of tuples, a tuple of entries, torch.Size sizes
+    and integral float offsets are not refused."""
+    view_geometry = _geometry()
+
+    def variant(shape, ops):
+        return tuple([torch.Size(sizes), list(strides), float(offset), shares]
+                     for sizes, strides, offset, shares in view_geometry(shape, ops))
+    for seed in (0, 1):
+        v = run_checks(EX, variant, seed=seed, hidden=True)
+        assert v.status == "passed", v.message

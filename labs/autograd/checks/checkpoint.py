@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.utils.checkpoint as torch_checkpoint
 
-from grader.checks import CheckFailure, check
+from grader.checks import CheckFailure, check, plain_tensor
 
 EXERCISE = "autograd.checkpoint"
 
@@ -51,7 +51,10 @@ def _block(gen, dims, device, dropout=0.0):
 
 
 def _leaves_grads(leaves):
-    return [None if t.grad is None else t.grad.clone() for t in leaves]
+    """The leaves' .grad's, each a plain tensor (a subclass could fake the comparisons)."""
+    return [None if t.grad is None else
+            plain_tensor(t.grad, "a .grad computed through your checkpoint (from the gradients your "
+                                 "backward returned)").clone() for t in leaves]
 
 
 def _run(program, leaves, seed=None):
@@ -81,7 +84,8 @@ def _same(got, want, names, label, exact=False):
 
 
 class _PackSpy:
-    """Counts and records the tensors packed while it is active."""
+    """Counts and records the tensors packed while it is active (each a plain tensor: a subclass
+    could lie about its data_ptr() or shape)."""
 
     def __init__(self):
         self.packed: list[torch.Tensor] = []
@@ -96,6 +100,9 @@ class _PackSpy:
 
     def __exit__(self, *exc):
         self._hooks.__exit__(*exc)
+        if exc[0] is None:
+            for t in self.packed:
+                plain_tensor(t, "a tensor your forward saved for backward")
 
 
 def _call(answer, fn, *args):
@@ -103,7 +110,7 @@ def _call(answer, fn, *args):
     if not isinstance(out, torch.Tensor):
         raise CheckFailure(f"checkpoint(fn, ...) returned {type(out).__name__}; return the tensor "
                            "that fn returns (the output of YourFunction.apply(fn, *args)).")
-    return out
+    return plain_tensor(out, "the tensor checkpoint(fn, ...) returned")
 
 
 # ---------------------------------------------------------------- public checks

@@ -8,7 +8,7 @@ random inputs, with magnitudes where a naive ``exp(beta * x)`` overflows.
 from __future__ import annotations
 
 
-from grader.checks import CheckFailure, check
+from grader.checks import CheckFailure, check, plain_tensor
 
 EXERCISE = "autograd.custom-function"
 
@@ -36,6 +36,7 @@ def _softplus(Softplus):
         out = Softplus.apply(x, beta)
         if not isinstance(out, torch.Tensor):
             raise CheckFailure(f"Softplus.apply(x, beta) returned {type(out).__name__}, not a tensor.")
+        plain_tensor(out, "the output of Softplus.apply(x, beta)")   # a subclass could fake allclose
         if out.shape != x.shape or out.dtype != x.dtype:
             raise CheckFailure(f"Softplus.apply(x, beta) for x of shape {tuple(x.shape)} and dtype {x.dtype} "
                                f"returned shape {tuple(out.shape)}, dtype {out.dtype}: keep x's shape and dtype.")
@@ -49,6 +50,30 @@ def _softplus(Softplus):
         return out
 
     return f
+
+
+def _plain_gradients(f, x, beta, where):
+    """Make sure the gradient (and, when it can be taken, the second derivative) the answer's backward
+    returns are plain tensors before gradcheck / gradgradcheck compare them: a tensor subclass could
+    answer their comparisons with whatever it likes. Errors are left to the check that follows."""
+    import torch
+
+    t = x.detach().clone().requires_grad_()
+    try:
+        (grad,) = torch.autograd.grad(f(t, beta), t, torch.ones_like(t), create_graph=True)
+    except CheckFailure:
+        raise
+    except Exception:
+        return
+    plain_tensor(grad, f"{where}: the gradient your backward returns")
+    if not grad.requires_grad:
+        return
+    try:
+        (hvp,) = torch.autograd.grad(grad, t, torch.ones_like(t), allow_unused=True)
+    except Exception:
+        return
+    if hvp is not None:
+        plain_tensor(hvp, f"{where}: the second derivative (the gradient of your backward)")
 
 
 def _inputs(g, dtype, n: int, spread: float = 4.0):
@@ -100,12 +125,15 @@ def _compare_derivatives(f, x, beta, where):
     for fn in (lambda t: f(t, beta), lambda t: F.softplus(t, beta)):
         t = x.detach().clone().requires_grad_()
         (grad,) = torch.autograd.grad(fn(t), t, v, create_graph=True)
+        plain_tensor(grad, f"{where}: the gradient your backward returns")
         if not grad.requires_grad:
             raise CheckFailure(
                 f"{where}: the gradient your backward returns does not require grad even with "
                 "create_graph=True, so it cannot be differentiated again. Compute it with torch ops on "
                 "the saved tensors, without .detach(), .item(), numpy or @once_differentiable.")
         (hvp,) = torch.autograd.grad(grad, t, u, allow_unused=True)
+        if hvp is not None:
+            plain_tensor(hvp, f"{where}: the second derivative (the gradient of your backward)")
         results.append((grad.detach(), hvp if hvp is not None else torch.zeros_like(t)))
     (g1, h1), (g2, h2) = results
     for name, a, b, hint in (("gradient", g1, g2, "d/dx softplus(x, beta) = sigmoid(beta * x); "
@@ -146,6 +174,7 @@ def first_derivative(Softplus, ctx):
     g = ctx.generator(21)
     beta = _beta(g)
     x = (torch.randn(3, 4, generator=g, dtype=torch.float64) * 3).requires_grad_()
+    _plain_gradients(f, x, beta, "first derivative check")
     try:
         torch.autograd.gradcheck(lambda t: f(t, beta), (x,), eps=1e-6, atol=1e-5)
     except GradcheckError as exc:
@@ -166,6 +195,7 @@ def double_backward(Softplus, ctx):
     g = ctx.generator(22)
     beta = _beta(g)
     x = (torch.randn(5, generator=g, dtype=torch.float64) * 3).requires_grad_()
+    _plain_gradients(f, x, beta, "double backward check")
     try:
         torch.autograd.gradgradcheck(lambda t: f(t, beta), (x,), eps=1e-6, atol=1e-5)
     except GradcheckError as exc:

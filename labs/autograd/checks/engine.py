@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from grader.checks import CheckFailure, check
+from grader.checks import CheckFailure, check, exact, plain_tensor
+from labs.autograd.checks._plain import DICTS
 from labs.autograd.checks.graph_walk import _ri, describe, random_graph, torch_graph
 
 EXERCISE = "autograd.engine"
@@ -128,10 +129,15 @@ def _verify(run_backward, builder, where: str, *, grad_output: str = "random",
     # 1. the gradients
     if not isinstance(result, dict):
         raise CheckFailure(f"run_backward must return a dict {{leaf tensor: gradient}}; got {type(result).__name__}.")
+    # Plain types only, before anything is compared: a dict or tensor subclass could lie about its
+    # contents (__iter__, __torch_function__ answering allclose/shape/dtype).
+    exact(result, DICTS, "the value run_backward returned")
     if any(not isinstance(k, torch.Tensor) for k in result):
         raise CheckFailure("the dict's keys must be the leaf tensors themselves (AccumulateGrad.variable), "
                            f"not {type(next(k for k in result if not isinstance(k, torch.Tensor))).__name__}s.")
-    got = {id(k): v for k, v in result.items()}
+    for k in result:
+        plain_tensor(k, "a key of the dict run_backward returned")
+    got = {id(k): v for k, v in dict.items(result)}
     leaf_ids = {id(leaf) for leaf in leaves}
     for i, (leaf, want) in enumerate(zip(leaves, expected)):
         label = f"leaf #{i} (shape {tuple(leaf.shape)})"
@@ -146,6 +152,7 @@ def _verify(run_backward, builder, where: str, *, grad_output: str = "random",
         g = got[id(leaf)]
         if not isinstance(g, torch.Tensor):
             raise CheckFailure(f"on {where}, the gradient of {label} is a {type(g).__name__}, not a tensor.")
+        plain_tensor(g, f"on {where}, the gradient of {label}")
         if g.shape != want.shape or g.dtype != want.dtype:
             raise CheckFailure(
                 f"on {where}, the gradient of {label} has shape {tuple(g.shape)} and dtype {g.dtype}; "

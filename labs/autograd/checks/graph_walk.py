@@ -9,7 +9,8 @@ from __future__ import annotations
 import functools
 from collections import Counter
 
-from grader.checks import CheckFailure, check
+from grader.checks import CheckFailure, check, exact
+from labs.autograd.checks._plain import DICTS
 
 EXERCISE = "autograd.graph-walk"
 _KEYS = ("nodes", "edges", "leaves")
@@ -157,10 +158,18 @@ def _compare(walk_graph, output, where: str) -> None:
             f"on {where}, your walk hit Python's recursion limit. Backward graphs can be thousands "
             "of nodes deep; walk them with an explicit stack (a list you push to and pop from), "
             "as Engine::compute_dependencies does.") from None
-    if not isinstance(got, dict) or any(k not in got for k in _KEYS):
+    if not isinstance(got, dict):
+        raise CheckFailure(f"walk_graph must return a dict with keys {list(_KEYS)}; got {type(got).__name__}.")
+    # Plain types only, before anything is compared: a subclass could lie (__contains__, __iter__).
+    exact(got, DICTS, "the value walk_graph returned")
+    for k in got:
+        if isinstance(k, str):
+            exact(k, str, f"the key {str.__repr__(k)} of walk_graph's dict")
+    if any(k not in got for k in _KEYS):
         raise CheckFailure(f"walk_graph must return a dict with keys {list(_KEYS)}; got "
-                           f"{type(got).__name__}{' with keys ' + str(list(got)) if isinstance(got, dict) else ''}.")
-    g_nodes, g_edges, g_leaves = (list(got[k]) for k in _KEYS)
+                           f"{type(got).__name__} with keys {list(got)}.")
+    g_nodes, g_edges, g_leaves = (
+        list(exact(got[k], (list, tuple), f"walk_graph(output)[{k!r}]")) for k in _KEYS)
 
     # nodes: each distinct node once, sorted by _sequence_nr() descending
     if any(n is None for n in g_nodes):
@@ -194,10 +203,16 @@ def _compare(walk_graph, output, where: str) -> None:
             f"{describe(g_nodes[bad])} comes before {describe(g_nodes[bad + 1])}.")
 
     # edges: one per non-None next_functions entry, duplicates kept
-    try:
-        got_edges = Counter((id(s), id(d), int(nr)) for s, d, nr in g_edges)
-    except (TypeError, ValueError):
-        raise CheckFailure("'edges' must be a list of (node, next_node, input_nr) triples.") from None
+    for i, edge in enumerate(g_edges):
+        if not isinstance(edge, (tuple, list)) or len(edge) != 3:
+            raise CheckFailure("'edges' must be a list of (node, next_node, input_nr) triples.")
+        exact(edge, (tuple, list), f"edge #{i} of 'edges'")
+        if not isinstance(edge[2], int):
+            raise CheckFailure("'edges' must be a list of (node, next_node, input_nr) triples; input_nr is "
+                               f"an int, the second element of a next_functions pair (edge #{i} has "
+                               f"{type(edge[2]).__name__}).")
+        exact(edge[2], int, f"the input_nr of edge #{i} of 'edges'")
+    got_edges = Counter((id(s), id(d), nr) for s, d, nr in g_edges)
     want_edges = Counter((id(s), id(d), nr) for s, d, nr in edges)
     if got_edges != want_edges:
         by_key = {(id(s), id(d), nr): (s, d, nr) for s, d, nr in edges}

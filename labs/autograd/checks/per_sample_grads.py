@@ -10,7 +10,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from grader.checks import CheckFailure, check
+from grader.checks import CheckFailure, check, exact, plain_tensor
+from labs.autograd.checks._plain import DICTS
 
 EXERCISE = "autograd.per-sample-grads"
 
@@ -68,6 +69,16 @@ def _compare(answer, model, loss_fn, inputs, targets, label, rtol=1e-4, atol=1e-
     if not isinstance(got, dict):
         raise CheckFailure(f"per_sample_grads returned {type(got).__name__}; return a dict "
                            "{parameter name: per-sample gradient}.")
+    # Plain types only, before anything is compared: a dict, str or tensor subclass could lie
+    # (__eq__, __iter__, __torch_function__ answering allclose, shape or dtype).
+    exact(got, DICTS, "the value per_sample_grads returned")
+    for key, value in dict.items(got):
+        if not isinstance(key, str):
+            raise CheckFailure(f"{label}: the dict's keys should be parameter names (str), as "
+                               f"model.named_parameters() gives them; one is {type(key).__name__}.")
+        exact(key, str, f"{label}: the key {str.__repr__(key)}")
+        if isinstance(value, torch.Tensor):
+            plain_tensor(value, f"{label}: the value for {str.__repr__(key)}")
     if list(got) != list(want):
         missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
         raise CheckFailure(

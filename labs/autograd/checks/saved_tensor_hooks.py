@@ -8,24 +8,54 @@ hook stores is inspected by wrapping the answer's own ``pack_hook`` / ``unpack_h
 """
 from __future__ import annotations
 
+import types
 
 import torch
 import torch.nn as nn
 
-from grader.checks import CheckFailure, check
+from grader.checks import CheckFailure, check, exact, plain_tensor
+from labs.autograd.checks._plain import DICTS, plain_namedtuple
 
 EXERCISE = "autograd.saved-tensor-hooks"
 
 
 # ---------------------------------------------------------------- helpers
+# What a subclass of saved_tensors_hooks may not redefine: the checks run the hooks the object
+# stores (pack_hook / unpack_hook, set by saved_tensors_hooks.__init__) through its own __enter__.
+_FIXED = ("__enter__", "__exit__", "__getattribute__", "__getattr__", "__dict__")
+
+
+def _data_descriptor(value) -> bool:
+    """Whether a class attribute takes precedence over the instance's own (a property does; a
+    method does not: the pack_hook that __init__ stores on the instance wins over it)."""
+    return hasattr(type(value), "__set__") or hasattr(type(value), "__delete__")
+
+
 def _hooks(answer, dtype):
-    """Call the answer and insist on a saved_tensors_hooks object."""
+    """Call the answer and insist on a saved_tensors_hooks object whose hooks are what it runs."""
+    base = torch.autograd.graph.saved_tensors_hooks
     hooks = answer(dtype)
-    if not isinstance(hooks, torch.autograd.graph.saved_tensors_hooks):
+    if not isinstance(hooks, base):
         raise CheckFailure(
             f"compressed_saved_tensors({dtype}) returned {type(hooks).__name__}; return a "
             "torch.autograd.graph.saved_tensors_hooks(pack, unpack) object (or an instance of a "
             "subclass of it, as torch.autograd.graph.save_on_cpu is).")
+    own = [k for k in type(hooks).__mro__ if k not in (base, object)]
+    redefined = [name for name in _FIXED if any(name in vars(k) for k in own)] + [
+        name for name in ("pack_hook", "unpack_hook")
+        if any(name in vars(k) and _data_descriptor(vars(k)[name]) for k in own)]
+    if redefined:
+        raise CheckFailure(
+            f"compressed_saved_tensors({dtype}) returned a {type(hooks).__name__}, a subclass of "
+            f"saved_tensors_hooks that redefines {', '.join(redefined)}. Keep saved_tensors_hooks's own "
+            "machinery: pass your two functions to its __init__ (super().__init__(pack, unpack)), as "
+            "torch.autograd.graph.save_on_cpu does.")
+    stored = object.__getattribute__(hooks, "__dict__")
+    if not (callable(stored.get("pack_hook")) and callable(stored.get("unpack_hook"))):
+        raise CheckFailure(
+            f"compressed_saved_tensors({dtype}) returned a saved_tensors_hooks without its pack_hook and "
+            "unpack_hook functions: construct it as saved_tensors_hooks(pack, unpack) (in a subclass, "
+            "call super().__init__(pack, unpack)).")
     return hooks
 
 
@@ -34,21 +64,40 @@ def _narrow(original: torch.dtype, target: torch.dtype) -> bool:
     return original.is_floating_point and original.itemsize > target.itemsize
 
 
-def _tensors_in(obj, depth: int = 0) -> list[torch.Tensor]:
-    """The tensors held by a packed object (a tensor, tuples/lists/dicts, or an object's attributes)."""
+def _tensors_in(obj, where: str, depth: int = 0) -> list[torch.Tensor]:
+    """The tensors held by a packed object (a tensor, tuples/lists/dicts, an object's attributes, a
+    function's closure). Tensors must be plain, and containers exactly tuple, list or dict (or the
+    standard library's OrderedDict, defaultdict, or a namedtuple that redefines none of tuple's
+    dunders): a subclass could hide what it holds (__iter__, values()) or lie about a tensor's dtype
+    (__torch_function__). ``where`` names the saved tensor, for the message."""
+    what = f"{where}, {'what' if depth == 0 else 'an object inside what'} your pack hook returned"
     if isinstance(obj, torch.Tensor):
-        return [obj]
+        return [plain_tensor(obj, what)]
     if depth > 4:
         return []
-    if isinstance(obj, (tuple, list)):
-        items = obj
-    elif isinstance(obj, dict):
-        items = list(obj.values())
+    if plain_namedtuple(obj):
+        items = list(tuple.__iter__(obj))
+    elif isinstance(obj, (tuple, list, dict)):
+        exact(obj, (tuple, list) + DICTS, what)
+        items = list(dict.values(obj)) if isinstance(obj, dict) else list(obj)
+    elif isinstance(obj, types.FunctionType):
+        items = [c.cell_contents for c in obj.__closure__ or () if _filled(c)]
     elif hasattr(obj, "__dict__") and not isinstance(obj, type):
-        items = list(vars(obj).values())
+        attributes = exact(object.__getattribute__(obj, "__dict__"), dict,
+                           f"{where}, the __dict__ of an object your pack hook returned")
+        items = list(attributes.values())
     else:
         return []
-    return [t for item in items for t in _tensors_in(item, depth + 1)]
+    return [t for item in items for t in _tensors_in(item, where, depth + 1)]
+
+
+def _filled(cell) -> bool:
+    """Whether a closure cell holds a value."""
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
 
 
 def _desc(t_dtype, shape) -> str:
@@ -60,18 +109,18 @@ class _Spy:
     what came back."""
 
     def __init__(self, hooks):
-        self.hooks = hooks
+        self.pack_hook, self.unpack_hook = hooks.pack_hook, hooks.unpack_hook
         self.records: list[dict] = []
 
     def pack(self, t):
-        packed = self.hooks.pack_hook(t)
+        packed = self.pack_hook(t)
         self.records.append({"dtype": t.dtype, "shape": tuple(t.shape), "device": t.device,
                              "value": t.detach().clone(), "packed": packed, "out": None})
         return len(self.records) - 1
 
     def unpack(self, i):
         rec = self.records[i]
-        out = self.hooks.unpack_hook(rec["packed"])
+        out = self.unpack_hook(rec["packed"])
         rec["out"] = out
         return out
 
@@ -86,7 +135,7 @@ class _Spy:
         eps = torch.finfo(target).eps
         for rec in self.records:
             what = _desc(rec["dtype"], rec["shape"])
-            held = _tensors_in(rec["packed"])
+            held = _tensors_in(rec["packed"], f"for {what}")
             if _narrow(rec["dtype"], target):
                 small = [t for t in held if t.dtype == target and t.numel() == rec["value"].numel()]
                 if not small:
@@ -112,6 +161,7 @@ class _Spy:
             if not isinstance(out, torch.Tensor):
                 raise CheckFailure(f"for {what}, your unpack hook returned {type(out).__name__}, "
                                    "not a tensor.")
+            plain_tensor(out, f"for {what}, the tensor your unpack hook returned")
             if out.dtype != rec["dtype"] or tuple(out.shape) != rec["shape"] or out.device != rec["device"]:
                 raise CheckFailure(
                     f"{what} on {rec['device']} came back from your unpack hook as "
@@ -142,7 +192,8 @@ def _grads(run, tensors):
     if missing:
         raise CheckFailure("with your hooks active, some leaf tensors got no .grad at all: the "
                            "tensor your unpack hook returns must be usable by backward.")
-    return [t.grad.clone() for t in tensors]
+    return [plain_tensor(t.grad, "a .grad computed under your hooks (from what your unpack hook "
+                         "returned)").clone() for t in tensors]
 
 
 def _rounded(target):
@@ -282,6 +333,7 @@ def other_dtypes_and_random_shapes(answer, ctx):
         loss = (a * b).sum()
     loss.backward()
     spy.verify(torch.bfloat16)
+    plain_tensor(a.grad, "a .grad computed under your hooks (from what your unpack hook returned)")
     torch.testing.assert_close(a.grad, b.detach(), rtol=0, atol=0,
                                msg="float16 tensors must come back exactly under a bfloat16 target")
 

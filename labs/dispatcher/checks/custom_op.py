@@ -13,7 +13,7 @@ import contextlib
 import itertools
 import warnings
 
-from grader.checks import CheckFailure, check
+from grader.checks import CheckFailure, check, exact, plain_tensor
 from labs.dispatcher.checks._numbers import mismatch
 
 EXERCISE = "dispatcher.custom-op"
@@ -112,6 +112,7 @@ def _compare_values(op, x, temperature, where):
                            "leave x alone (mutates_args=() promises exactly that).")
     if not isinstance(got, torch.Tensor):
         raise CheckFailure(f"{where}: the operator returned {type(got).__name__}, not a tensor.")
+    plain_tensor(got, f"{where}: the operator's output")   # a subclass could fake allclose/shape/dtype
     if got.shape != want.shape or got.dtype != want.dtype:
         raise CheckFailure(
             f"{where}: for x of shape {tuple(x.shape)} and dtype {x.dtype} the operator returned shape "
@@ -136,10 +137,39 @@ def _vjp(fn, x, temperature, v):
 
     t = x.detach().clone().requires_grad_()
     out = fn(t, temperature)
+    if not isinstance(out, torch.Tensor):
+        raise CheckFailure(f"the operator returned {type(out).__name__}, not a tensor.")
+    plain_tensor(out, "the operator's output")
     if out.grad_fn is None:
         return out, None
     (gx,) = torch.autograd.grad(out, t, v, allow_unused=True)
+    if gx is not None:
+        plain_tensor(gx, "the gradient your backward formula returns for x")
     return out, gx
+
+
+def _plain_outputs(op, x, temperature):
+    """Before opcheck / gradcheck compare what the operator returns: its output and the gradient of
+    its backward must be plain tensors (a subclass could answer their comparisons as it likes).
+    Anything else that goes wrong is left for opcheck / gradcheck to report."""
+    import torch
+
+    try:
+        t = x.detach().clone().requires_grad_(x.requires_grad)
+        out = op(t, temperature)
+    except Exception:
+        return
+    if not isinstance(out, torch.Tensor):
+        return
+    plain_tensor(out, "the operator's output")
+    if out.grad_fn is None:
+        return
+    try:
+        (gx,) = torch.autograd.grad(out, t, torch.ones_like(out), allow_unused=True)
+    except Exception:
+        return
+    if gx is not None:
+        plain_tensor(gx, "the gradient your backward formula returns for x")
 
 
 def _check_grads(op, x, temperature, where, g):
@@ -189,6 +219,7 @@ def _opcheck(op, args, where):
     """torch.library.opcheck on one input; the first failing test is reported with a hint."""
     import torch
 
+    _plain_outputs(op, *args)
     with _quiet():
         result = torch.library.opcheck(op, args, raise_exception=False)
     for test, outcome in result.items():
@@ -212,7 +243,13 @@ def values(register_op, ctx):
             _compare_values(op, x, _temperature(g), "calling the registered operator")
         x = torch.randn(4, 6, generator=g, dtype=torch.float64)
         t = _temperature(g)
-        if not torch.equal(returned(x, t), op(x, t)):
+        mine, theirs = returned(x, t), op(x, t)
+        for what, value in (("what the object register_op returned gives", mine),
+                            ("what the registered operator gives", theirs)):
+            if not isinstance(value, torch.Tensor):
+                raise CheckFailure(f"calling the operator: {what} is {type(value).__name__}, not a tensor.")
+            plain_tensor(value, f"calling the operator: {what}")
+        if not torch.equal(mine, theirs):
             raise CheckFailure("the object register_op returned computes something else than the registered "
                                "operator: return what torch.library.custom_op gives you.")
 
@@ -240,6 +277,7 @@ def gradients(register_op, ctx):
     with _registered(register_op) as (_, op):
         t = _temperature(g)
         x = (torch.randn(3, 5, generator=g, dtype=torch.float64) * 2).requires_grad_()
+        _plain_outputs(op, x, t)
         try:
             torch.autograd.gradcheck(lambda v: op(v, t), (x,), eps=1e-6, atol=1e-5)
         except GradcheckError as exc:
@@ -256,6 +294,7 @@ def compiles_to_one_graph(register_op, ctx):
     """torch.compile(fullgraph=True) captures one graph with the operator as one node, forward and backward"""
     import torch
     from torch._dynamo.backends.debugging import aot_eager
+    from torch._subclasses.fake_tensor import FakeTensor
 
     g = ctx.generator(43)
     with _registered(register_op) as (_, op):
@@ -285,6 +324,10 @@ def compiles_to_one_graph(register_op, ctx):
                 "formula that works with torch ops.") from None
         if len(graphs) != 1:
             raise CheckFailure(f"torch.compile made {len(graphs)} graphs of a program that needs one.")
+        plain_tensor(out, "the compiled program's output")
+        for name, grad in (("x", x.grad), ("w", w.grad)):
+            if grad is not None:
+                plain_tensor(grad, f"{name}.grad after backward through the compiled program")
         nodes = [n for n in graphs[0].graph.nodes if n.op == "call_function" and n.target is op]
         if len(nodes) != 1:
             raise CheckFailure(
@@ -292,6 +335,8 @@ def compiles_to_one_graph(register_op, ctx):
                 "a custom op must stay one opaque node in the graph.")
         real = _reference(x.detach() * w.detach(), t)
         traced = nodes[0].meta.get("example_value")
+        if traced is not None:
+            exact(traced, FakeTensor, "while tracing, what your fake kernel returned")
         if traced is not None and (tuple(traced.shape) != tuple(real.shape) or traced.dtype != real.dtype
                                    or traced.device != real.device):
             raise CheckFailure(
@@ -318,17 +363,21 @@ _DEVICE_HINT = ("The fake kernel must put the output on x's device: allocate it 
 
 def _run_fake(op, make_x, t, shape, dtype, where):
     """op on the FakeTensor that make_x() creates under a fresh FakeTensorMode: (fake x, output)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
     with FakeTensorMode() as mode:
         try:
             fx = make_x(mode)
-            return fx, op(fx, t)
+            out = op(fx, t)
         except Exception as exc:
             raise CheckFailure(
                 f"running the operator under FakeTensorMode failed for x of shape {shape}, dtype {dtype}"
                 f"{where}: {_first_line(exc)}. The fake kernel may use only x's metadata "
                 "(shape, dtype, device), never its values (.item(), .tolist(), numpy).") from None
+    # exactly a FakeTensor: a subclass of it could report any shape, dtype or device
+    exact(out, FakeTensor, f"under FakeTensorMode, for x of shape {shape}, dtype {dtype}{where}, the output "
+                           "of your fake kernel")
+    return fx, out
 
 
 @check(EXERCISE, hidden=True)
@@ -348,7 +397,7 @@ def fake_kernel_metadata(register_op, ctx):
             for dtype in (torch.float32, torch.float64, torch.bfloat16):
                 x = torch.randn(shape, generator=g).to(dtype)
                 t = _temperature(g)
-                real = op(x, t)
+                real = plain_tensor(op(x, t), f"for x of shape {shape} and dtype {dtype}, the operator's output")
                 _, fake = _run_fake(op, lambda mode: mode.from_tensor(x), t, shape, dtype, "")
                 for what, mine, want in (("shape", tuple(fake.shape), tuple(real.shape)),
                                          ("dtype", fake.dtype, real.dtype), ("device", fake.device, real.device)):
@@ -356,7 +405,8 @@ def fake_kernel_metadata(register_op, ctx):
                         raise CheckFailure(
                             f"for x of shape {shape} and dtype {dtype}, the fake kernel says the output's "
                             f"{what} is {mine}; the real kernel's is {want}.")
-                meta = op(x.to("meta"), t)
+                meta = plain_tensor(op(x.to("meta"), t),
+                                    f"on a meta tensor of shape {shape}, dtype {dtype}, the operator's output")
                 if tuple(meta.shape) != tuple(real.shape) or meta.dtype != real.dtype:
                     raise CheckFailure(
                         f"on a meta tensor of shape {shape} (register_fake also serves the Meta key), the "

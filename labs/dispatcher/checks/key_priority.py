@@ -19,7 +19,7 @@ import random
 import re
 import uuid
 
-from grader.checks import CheckFailure, check
+from grader.checks import CheckFailure, check, exact
 
 EXERCISE = "dispatcher.key-priority"
 
@@ -215,8 +215,10 @@ def verify(dispatch_key, scenario: Scenario, where: str) -> None:
     inputs, ran, error = scenario.run()
     got = _call(dispatch_key, inputs)
     if got is not None and not isinstance(got, str):
-        raise CheckFailure(f"dispatch_key returned {got!r} ({type(got).__name__}); return a key name "
+        raise CheckFailure(f"dispatch_key returned a {type(got).__name__}; return a key name "
                            "such as 'AutogradCPU' (a str), or None when the call would raise.")
+    # exactly a str: a subclass could claim to equal whatever it is compared with
+    exact(got, (str, type(None)), "the value dispatch_key returned")
     if got == ran:
         return
     relevant = _relevant(inputs)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 
-from grader.checks import CheckFailure, check
+from grader.checks import CheckFailure, check, exact, plain_tensor
 
 EXERCISE = "dispatcher.op-trace"
 
@@ -197,12 +197,28 @@ def _mode(OpTrace):
             "API calls, not the OpOverloads the dispatcher runs).")
     mode = OpTrace()
     for attr in ("ops", "nodes"):
-        if not isinstance(getattr(mode, attr, None), list):
+        value = getattr(mode, attr, None)
+        if not isinstance(value, list):
             raise CheckFailure(f"OpTrace() must have an attribute `{attr}`, a list (empty at first) "
                                "that __torch_dispatch__ appends to.")
-        if getattr(mode, attr):
+        exact(value, list, f"OpTrace().{attr}")
+        if list.__len__(value):
             raise CheckFailure(f"OpTrace().{attr} must start empty.")
     return mode
+
+
+def _recorded(mode, where: str) -> tuple[list, list]:
+    """(ops, nodes) of a mode after a run, read once, each exactly a list, with every entry of
+    nodes exactly a str or None: a subclass could lie about its items or what it equals."""
+    ops, nodes = getattr(mode, "ops", None), getattr(mode, "nodes", None)
+    for attr, value in (("ops", ops), ("nodes", nodes)):
+        if not isinstance(value, list):
+            raise CheckFailure(f"on {where}, after the run your mode's `{attr}` is "
+                               f"{type(value).__name__}, not a list; append to the list you made in __init__.")
+        exact(value, list, f"on {where}, your mode's `{attr}`")
+    for i, node in enumerate(nodes):
+        exact(node, (str, type(None)), f"on {where}, nodes[{i}]")
+    return list(ops), list(nodes)
 
 
 def _name(op) -> str:
@@ -245,6 +261,9 @@ def _same_values(got, want, where: str) -> None:
                                "under your mode but not under a plain recording mode.")
         if a is None:
             continue
+        # what ran under the mode must be a plain tensor: a subclass could fake allclose/shape/dtype
+        plain_tensor(a, f"on {where}, result #{i} of the program under your mode (a tracing mode "
+                        "returns func's result unchanged)")
         if a.dtype != b.dtype or a.shape != b.shape or not _close(a, b):
             what = (f"dtype {a.dtype} instead of {b.dtype}" if a.dtype != b.dtype else
                     f"shape {tuple(a.shape)} instead of {tuple(b.shape)}" if a.shape != b.shape else
@@ -255,12 +274,11 @@ def _same_values(got, want, where: str) -> None:
                 "alpha=, ...), and return its result unchanged.")
 
 
-def _diff_nodes(mode, ref, where: str) -> None:
-    """ops agree; now the nodes list, entry by entry."""
-    nodes = mode.nodes
+def _diff_nodes(ops, nodes, ref, where: str) -> None:
+    """ops agree; now the nodes list (plain, see _recorded), entry by entry."""
     if len(nodes) != len(ref.nodes):
         raise CheckFailure(
-            f"on {where}, `nodes` has {len(nodes)} entries but `ops` has {len(mode.ops)}; append "
+            f"on {where}, `nodes` has {len(nodes)} entries but `ops` has {len(ops)}; append "
             "one entry to `nodes` for every op you record.")
     for i, (a, b) in enumerate(zip(nodes, ref.nodes)):
         if a != b:
@@ -319,10 +337,11 @@ def compare(OpTrace, build, seed: int, where: str) -> None:
     if torch._C._len_torch_dispatch_stack():
         raise CheckFailure("after `with OpTrace():` the mode is still on the dispatch-mode stack; "
                            "don't override __enter__/__exit__ (or call super()'s).")
-    _check_items(mode.ops, where)
+    ops, nodes = _recorded(mode, where)
+    _check_items(ops, where)
     _same_values(got_values, want_values, where)
-    _diff(mode.ops, ref.ops, where)
-    _diff_nodes(mode, ref, where)
+    _diff(ops, ref.ops, where)
+    _diff_nodes(ops, nodes, ref, where)
 
 
 def _rng(ctx, offset: int) -> random.Random:
@@ -381,19 +400,20 @@ def nested_modes(OpTrace, ctx):
         where = f"the MLP program with {order}"
         _same_values(got, want, where)
         for label, m in (("inner", inner), ("outer", outer)):
-            _check_items(m.ops, where)
-            if [*map(id, m.ops)] != [*map(id, ref.ops)]:
+            ops, nodes = _recorded(m, f"{where} (the {label} mode)")
+            _check_items(ops, where)
+            if [*map(id, ops)] != [*map(id, ref.ops)]:
                 hint = ""
-                if label == "outer" and not m.ops:
+                if label == "outer" and not ops:
                     hint = (" The outer mode saw nothing: while __torch_dispatch__ runs, the mode "
                             "is already popped off the stack, so calling func(*args, **kwargs) "
                             "reaches the next mode down; disabling torch dispatch around it "
                             "(torch._C._DisableTorchDispatch) hides the op from every other mode.")
                 try:
-                    _diff(m.ops, ref.ops, f"{where} (the {label} mode)")
+                    _diff(ops, ref.ops, f"{where} (the {label} mode)")
                 except CheckFailure as exc:
                     raise CheckFailure(str(exc) + hint) from None
-            _diff_nodes(m, ref, f"{where} (the {label} mode)")
+            _diff_nodes(ops, nodes, ref, f"{where} (the {label} mode)")
 
 
 @check(EXERCISE, hidden=True)

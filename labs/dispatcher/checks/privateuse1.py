@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 
-from grader.checks import CheckFailure, check, learner_line
+from grader.checks import CheckFailure, check, learner_line, plain_tensor
 
 EXERCISE = "dispatcher.privateuse1"
 
@@ -160,6 +160,8 @@ def _on_device(t, name: str, where: str):
 
     if not isinstance(t, torch.Tensor):
         raise CheckFailure(f"{where}: got {type(t).__name__}, not a tensor.")
+    # a plain tensor: a subclass could claim any device, shape or dtype (__torch_function__)
+    plain_tensor(t, f"{where}: the tensor your kernels made")
     if t.device.type != name:
         raise CheckFailure(f"{where}: the result is on {t.device}, not on the {name} device. Build device "
                            "tensors with torch._C._acc.create_empty_tensor(shape, dtype).")
@@ -169,7 +171,11 @@ def _to_cpu(t, name: str, where: str):
     """t.cpu(), checked to be a CPU tensor of t's shape and dtype."""
     import torch
 
+    if isinstance(t, torch.Tensor):
+        plain_tensor(t, f"{where}: the tensor your kernels made")
     out = _guard(where + " then .cpu()", t.cpu)
+    if isinstance(out, torch.Tensor):
+        plain_tensor(out, f"{where}: what .cpu() gave")
     if not isinstance(out, torch.Tensor) or out.device.type != "cpu":
         raise CheckFailure(f"{where}: .cpu() did not give a CPU tensor.")
     if out.shape != t.shape or out.dtype != t.dtype:

@@ -8,7 +8,7 @@ as ScaledTensors, other outputs (bool and integer tensors, Python numbers) as pl
 """
 from __future__ import annotations
 
-from grader.checks import CheckFailure, check, learner_line
+from grader.checks import CheckFailure, check, exact, learner_line, plain_tensor
 from labs.dispatcher.checks._numbers import mismatch
 
 EXERCISE = "dispatcher.subclass"
@@ -49,34 +49,72 @@ def _validate_class(ScaledTensor):
 
 def _make(ScaledTensor, inner, scale):
     """ScaledTensor(inner, scale), with its attributes and metadata checked."""
-    import torch
-
     t = ScaledTensor(inner, scale)
     if not isinstance(t, ScaledTensor):
         raise CheckFailure(f"ScaledTensor(inner, scale) returned a {type(t).__name__}, not a ScaledTensor.")
-    if not (isinstance(getattr(t, "inner", None), torch.Tensor) and isinstance(getattr(t, "scale", None), float)):
-        raise CheckFailure("ScaledTensor(inner, scale) must store the tensor as .inner and the scale as a "
-                           "Python float .scale.")
-    if t.shape != inner.shape or t.dtype != inner.dtype or t.device != inner.device:
+    _parts(ScaledTensor, t, "ScaledTensor(inner, scale)", scales=(float,))
+    shape, dtype, device = _meta(t)
+    if shape != tuple(inner.shape) or dtype != inner.dtype or device != inner.device:
         raise CheckFailure(
             f"ScaledTensor(inner, scale) for inner of shape {tuple(inner.shape)}, {inner.dtype} has shape "
-            f"{tuple(t.shape)}, dtype {t.dtype}, device {t.device}: pass inner's shape, strides, dtype and "
+            f"{shape}, dtype {dtype}, device {device}: pass inner's shape, strides, dtype and "
             "device to torch.Tensor._make_wrapper_subclass.")
     return t
 
 
+# What the answer's class says about its own objects is not trusted: its __torch_function__ may
+# answer .shape, .dtype, allclose or equal with anything. The checks read a wrapper's metadata with
+# torch functions disabled for subclasses, require .inner to be a plain tensor (or, nested, a
+# ScaledTensor) and .scale a plain float, and compute inner * scale themselves on plain tensors.
+
+def _meta(t):
+    """(shape, dtype, device) of a tensor as its TensorImpl records them, without asking the
+    class's __torch_function__."""
+    import torch
+
+    with torch._C.DisableTorchFunctionSubclass():
+        return tuple(t.shape), t.dtype, t.device
+
+
+def _parts(ScaledTensor, t, what: str, depth: int = 0, scales=(float, int)):
+    """(inner, scale) of ``t``, which must be exactly a ScaledTensor (not a subclass of it), with
+    .inner a plain tensor or a ScaledTensor and .scale exactly one of ``scales`` (a Python float; an
+    int is tolerated in results, as inner * scale means the same)."""
+    import torch
+
+    if type(t) is not ScaledTensor:
+        raise CheckFailure(f"{what} is a {type(t).__name__}, a subclass of ScaledTensor; results must be "
+                           "ScaledTensors themselves (cls(inner, scale) in __torch_dispatch__).")
+    inner, scale = getattr(t, "inner", None), getattr(t, "scale", None)
+    if not (isinstance(inner, torch.Tensor) and isinstance(scale, scales) and not isinstance(scale, bool)):
+        raise CheckFailure("ScaledTensor(inner, scale) must store the tensor as .inner and the scale as a "
+                           "Python float .scale.")
+    exact(scale, scales, f"the .scale of {what}")
+    if type(inner) is ScaledTensor:
+        if depth > 8:
+            raise CheckFailure(f"{what} nests ScaledTensors more than 8 deep in .inner; keep .inner a "
+                               "plain tensor.")
+    else:
+        plain_tensor(inner, f"the .inner of {what}")
+    return inner, scale
+
+
 def _is_scaled(v) -> bool:
-    """Whether v looks like a ScaledTensor (any class with .inner and .scale)."""
+    """Whether v looks like a ScaledTensor (any class with .inner and .scale): for describing the
+    checks' own inputs only."""
     import torch
 
     return isinstance(v, torch.Tensor) and type(v) is not torch.Tensor and hasattr(v, "inner") and hasattr(v, "scale")
 
 
-def _dense(v):
-    """The plain tensor a ScaledTensor stands for: inner * scale (inner itself may be scaled)."""
-    if _is_scaled(v):
-        return _dense(v.inner) * v.scale
-    return v
+def _dense(ScaledTensor, v, what: str, depth: int = 0):
+    """The plain tensor ``v`` stands for, computed here on plain tensors: inner * scale for a
+    ScaledTensor (inner itself may be scaled), ``v`` itself for a plain tensor; anything else (a
+    subclass that could lie about its values) is refused."""
+    if isinstance(v, ScaledTensor):
+        inner, scale = _parts(ScaledTensor, v, what, depth)
+        return _dense(ScaledTensor, inner, f"the .inner of {what}", depth + 1) * scale
+    return plain_tensor(v, what)
 
 
 def _describe(x) -> str:
@@ -120,11 +158,12 @@ def _match(ScaledTensor, got, want, where: str) -> None:
                         f"{which}: returned a plain {type(a).__name__}; floating-point results must come back "
                         "as ScaledTensors. Wrap every floating-point tensor that func returns "
                         "(tree_map_only over the outputs) before returning from __torch_dispatch__.")
-                if a.shape != b.shape or a.dtype != b.dtype:
+                value = _dense(ScaledTensor, a, which)      # checks a's type, .inner and .scale first
+                shape, dtype, _ = _meta(a)
+                if shape != tuple(b.shape) or dtype != b.dtype:
                     raise CheckFailure(
-                        f"{which}: the ScaledTensor says shape {tuple(a.shape)}, dtype {a.dtype}; torch gives "
+                        f"{which}: the ScaledTensor says shape {shape}, dtype {dtype}; torch gives "
                         f"shape {tuple(b.shape)}, dtype {b.dtype} on the dense tensors.")
-                value = _dense(a)
                 if value.shape != b.shape:
                     raise CheckFailure(f"{which}: the result's inner has shape {tuple(value.shape)}, but the "
                                        f"ScaledTensor says {tuple(b.shape)}: build the wrapper from inner's shape.")
@@ -142,8 +181,13 @@ def _match(ScaledTensor, got, want, where: str) -> None:
                 if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a, b):
                     raise CheckFailure(f"{which}: the {b.dtype} result differs from torch's on the dense tensors.")
         elif isinstance(b, (bool, int, float)):
-            if isinstance(a, torch.Tensor) or not (a == b or abs(a - b) <= 1e-5 * (1 + abs(b))):
-                raise CheckFailure(f"{which}: returned {a!r}; torch gives {b!r} on the dense tensors.")
+            if isinstance(a, torch.Tensor):
+                raise CheckFailure(f"{which}: returned a tensor; torch gives {b!r} on the dense tensors.")
+            if isinstance(a, (bool, int, float)) and type(a) not in (bool, int, float):
+                exact(a, (int, float), which)         # a subclass could claim to equal anything
+            if type(a) not in (bool, int, float) or not (a == b or abs(a - b) <= 1e-5 * (1 + abs(b))):
+                shown = repr(a) if type(a) in (bool, int, float) else f"a {type(a).__name__}"
+                raise CheckFailure(f"{which}: returned {shown}; torch gives {b!r} on the dense tensors.")
 
 
 def _run_case(ScaledTensor, g, label, shapes, fn, *, dtype=None, scaled=None):
@@ -329,10 +373,13 @@ def construction(ScaledTensor, ctx):
     inner = torch.randn(3, 4, generator=g)
     s = _scale(g)
     t = _make(ScaledTensor, inner, s)
-    if t.inner is not inner or t.scale != s:
+    t_inner, t_scale = _parts(ScaledTensor, t, "ScaledTensor(inner, scale)")
+    if t_inner is not inner or t_scale != s:
         raise CheckFailure("ScaledTensor(inner, scale) must keep the given tensor as .inner (not a copy) and "
                            "the scale as .scale.")
-    if t.requires_grad:
+    with torch._C.DisableTorchFunctionSubclass():
+        requires_grad = t.requires_grad
+    if requires_grad:
         raise CheckFailure("a new ScaledTensor must not require grad (pass requires_grad=False to "
                            "_make_wrapper_subclass); callers use .requires_grad_().")
     keys = torch._C._dispatch_keys(t)
@@ -377,12 +424,17 @@ def _autograd_case(ScaledTensor, g, label, shapes, kinds, program):
         inner = torch.randn(shape, generator=g, dtype=torch.float64)
         s = _scale(g) if kind == "s" else 1.0
         dense_leaves.append((inner * s).requires_grad_())
-        leaves.append(_make(ScaledTensor, inner, s).requires_grad_() if kind == "s" else (inner * s).requires_grad_())
+        leaf = _make(ScaledTensor, inner, s) if kind == "s" else inner * s
+        with torch._C.DisableTorchFunctionSubclass():     # the leaf itself, whatever the class says
+            leaf.requires_grad_()
+        leaves.append(leaf)
     where = f"{label} with leaves " + ", ".join(_describe(x) for x in leaves)
     want = program(*dense_leaves)
     out = program(*leaves)
     _match(ScaledTensor, out, want, where)
-    if not out.requires_grad or out.grad_fn is None:
+    with torch._C.DisableTorchFunctionSubclass():
+        recorded = out.requires_grad and out.grad_fn is not None
+    if not recorded:
         raise CheckFailure(
             f"{where}: the result does not require grad although its leaves do, so autograd recorded nothing. "
             "__torch_dispatch__ runs below autograd: autograd records the graph on the ScaledTensors themselves "
@@ -396,7 +448,7 @@ def _autograd_case(ScaledTensor, g, label, shapes, kinds, program):
             continue
         if mine is None:
             raise CheckFailure(f"{where}: {name} is None; dense autograd gives a gradient.")
-        value = _dense(mine)
+        value = _dense(ScaledTensor, mine, f"{where}: {name}")
         rtol, atol = _tolerance(ref)
         if value.shape != ref.shape:
             raise CheckFailure(f"{where}: {name} has shape {tuple(value.shape)}; dense autograd's has "
@@ -444,9 +496,11 @@ def matmul_multiplies_scales(ScaledTensor, ctx):
         out = fn(_make(ScaledTensor, A, s1), _make(ScaledTensor, B, s2))
         where = f"{label} for ScaledTensors of shapes {sa} (scale {s1}) and {sb} (scale {s2})"
         _match(ScaledTensor, out, fn(A * s1, B * s2), where)
-        if abs(out.scale - s1 * s2) > 1e-9 * abs(s1 * s2) or not torch.allclose(_dense(out.inner), fn(A, B)):
+        inner, scale = _parts(ScaledTensor, out, where)
+        if abs(scale - s1 * s2) > 1e-9 * abs(s1 * s2) or not torch.allclose(
+                _dense(ScaledTensor, inner, f"the .inner of {where}"), fn(A, B)):
             raise CheckFailure(
-                f"{where}: the result has scale {out.scale!r}; expected inner = a.inner @ b.inner and scale = "
+                f"{where}: the result has scale {scale!r}; expected inner = a.inner @ b.inner and scale = "
                 f"a.scale * b.scale = {s1 * s2!r}. Handle aten.mm and aten.bmm on two ScaledTensors without "
                 "forming the dense values: (s_a A) @ (s_b B) = (s_a s_b) (A @ B).")
     _run_case(ScaledTensor, g, "a @ w (w a plain tensor)", [(3, 4), (4, 2)], lambda a, w: a @ w, scaled=[True, False])
@@ -468,10 +522,13 @@ def views_and_inplace(ScaledTensor, ctx):
         v = view(a)
         where = f"{label} of a ScaledTensor of shape (3, 4), scale {s}"
         _match(ScaledTensor, v, view(inner * s), where)
-        if v.scale != s or v.inner.untyped_storage().data_ptr() != inner.untyped_storage().data_ptr():
+        v_inner, v_scale = _parts(ScaledTensor, v, where)
+        plain_tensor(v_inner, f"the .inner of {where}")
+        shares = v_inner.untyped_storage().data_ptr() == inner.untyped_storage().data_ptr()
+        if v_scale != s or not shares:
             raise CheckFailure(
-                f"{where}: the view has scale {v.scale} and "
-                f"{'shares' if v.inner.untyped_storage().data_ptr() == inner.untyped_storage().data_ptr() else 'does not share'}"
+                f"{where}: the view has scale {v_scale} and "
+                f"{'shares' if shares else 'does not share'}"
                 " the original's inner storage. A view op (func.is_view) must apply func to inner and keep the "
                 "scale, so that the result aliases the original like a view of a dense tensor does.")
         dense = inner * s

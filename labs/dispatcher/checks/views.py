@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 
-from grader.checks import CheckFailure, check
+from grader.checks import CheckFailure, check, exact
 
 EXERCISE = "dispatcher.views"
 MAX_DIMS = 6
@@ -181,21 +181,51 @@ def _fmt(entry) -> str:
     return f"sizes {tuple(sizes)}, strides {tuple(strides)}, offset {offset}, shares {shares}"
 
 
+def _number(value, what: str) -> int:
+    """A size, stride or offset of the answer as a plain int. Exactly an int (or an integral float,
+    as arithmetic with / can give); a subclass could lie about its value (__eq__, __int__)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        exact(value, (int, float), what)
+        if type(value) is int:
+            return value
+        if value.is_integer():
+            return int(value)
+    raise CheckFailure(f"{what} is {_show(value)}; sizes, strides and offsets are ints.")
+
+
+def _show(value) -> str:
+    """repr() of the answer's value when it is a plain builtin, else just its type (a learner's
+    object may print whatever it likes)."""
+    return repr(value) if type(value) in (int, float, bool, str, type(None)) else f"a {type(value).__name__}"
+
+
 def _normalize(entry, i: int, op):
-    """The answer's entry as (tuple, tuple, int, bool), or a CheckFailure saying what is wrong."""
-    try:
-        sizes, strides, offset, shares = entry
-        sizes = tuple(int(s) for s in sizes)
-        strides = tuple(int(s) for s in strides)
-    except (TypeError, ValueError):
+    """The answer's entry as (tuple, tuple, int, bool), or a CheckFailure saying what is wrong.
+    Every part must be of an exact builtin type before it is read: a tuple or int subclass could
+    lie about its length, items or value."""
+    shape_msg = (f"entry {i} of your result (for op {op}) is {{}}; each entry must be a tuple "
+                 "(sizes, strides, offset, shares): two tuples of ints, an int and a bool.")
+    if not isinstance(entry, (tuple, list)):
+        raise CheckFailure(shape_msg.format(_show(entry)))
+    exact(entry, (tuple, list), f"entry {i} of your result (for op {op})")
+    if len(entry) != 4:
+        raise CheckFailure(shape_msg.format(f"a {type(entry).__name__} of length {len(entry)}"))
+    import torch
+
+    sizes, strides, offset, shares = entry
+    parts = []
+    for name, seq in (("sizes", sizes), ("strides", strides)):
+        if not isinstance(seq, (tuple, list)):
+            raise CheckFailure(shape_msg.format(f"an entry whose {name} is {_show(seq)}"))
+        exact(seq, (tuple, list, torch.Size), f"the {name} of entry {i} of your result (for op {op})")
+        parts.append(tuple(_number(v, f"an element of the {name} of entry {i} of your result (for op {op})")
+                           for v in seq))
+    if type(shares) is not bool or isinstance(offset, bool):
         raise CheckFailure(
-            f"entry {i} of your result (for op {op}) is {entry!r}; each entry must be a tuple "
-            "(sizes, strides, offset, shares): two tuples of ints, an int and a bool.") from None
-    if not isinstance(shares, bool) or isinstance(offset, bool) or int(offset) != offset:
-        raise CheckFailure(
-            f"entry {i} of your result (for op {op}) is {entry!r}; offset must be an int and shares "
-            "a bool (True or False).")
-    return sizes, strides, int(offset), shares
+            f"entry {i} of your result (for op {op}) has offset {_show(offset)} and shares {_show(shares)}; "
+            "offset must be an int and shares a bool (True or False).")
+    offset = _number(offset, f"the offset of entry {i} of your result (for op {op})")
+    return parts[0], parts[1], offset, shares
 
 
 def _spy_mode():
@@ -224,6 +254,8 @@ def compare(view_geometry, shape, ops, where: str) -> None:
             f"view_geometry called torch operators ({', '.join(sorted(set(spy.ops))[:4])}). Compute "
             "sizes, strides and offsets with integer arithmetic on Python tuples, without making "
             "tensors: that arithmetic is what the view kernels do.")
+    if isinstance(got, (list, tuple)):             # a subclass could lie about its length or items
+        exact(got, (list, tuple), f"on {where}, the value view_geometry returned")
     if not isinstance(got, (list, tuple)) or len(got) != len(ops):
         raise CheckFailure(
             f"on {where}, view_geometry returned {type(got).__name__}"

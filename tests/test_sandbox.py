@@ -1,0 +1,45 @@
+"""The kernel's sandbox: the limits reach the command it starts, and the environment is an
+allow-list with a home inside the run's folder."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from grader.sandbox import Limits, kernel_env
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBE = ("import json, resource; print(json.dumps({r: resource.getrlimit(getattr(resource, r)) "
+         "for r in ('RLIMIT_DATA', 'RLIMIT_CPU', 'RLIMIT_FSIZE', 'RLIMIT_CORE')}))")
+
+
+def test_the_command_runs_under_the_limits():
+    out = subprocess.run(Limits(memory=1 << 30, cpu=50, file_size=1 << 20).argv(
+        [sys.executable, "-c", PROBE]), capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == {"RLIMIT_DATA": [1 << 30, 1 << 30], "RLIMIT_CPU": [50, 51],
+                               "RLIMIT_FSIZE": [1 << 20, 1 << 20], "RLIMIT_CORE": [0, 0]}
+
+
+def test_an_allocation_over_the_memory_limit_fails_inside_the_command():
+    code = "try:\n    bytearray(600 << 20)\nexcept MemoryError:\n    print('MemoryError')"
+    done = subprocess.run(Limits(memory=300 << 20, cpu=50).argv([sys.executable, "-c", code]),
+                          capture_output=True, text=True)
+    assert (done.returncode, done.stdout.strip()) == (0, "MemoryError"), done.stderr
+
+
+def test_a_file_over_the_size_limit_cannot_be_written(tmp_path):
+    code = f"open({str(tmp_path / 'big')!r}, 'wb').write(bytes(2 << 20))"
+    done = subprocess.run(Limits(memory=1 << 30, cpu=50, file_size=1 << 20).argv(
+        [sys.executable, "-c", code]), capture_output=True, text=True)
+    assert done.returncode != 0 and "File too large" in done.stderr
+
+
+def test_the_environment_is_an_allow_list_with_home_in_the_run_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp_secret")
+    monkeypatch.setenv("GRADESCOPE_API_KEY", "secret")
+    env = kernel_env(tmp_path)
+    assert "GITHUB_TOKEN" not in env and "GRADESCOPE_API_KEY" not in env
+    assert not [k for k in env if "PYTEST" in k]
+    assert env["HOME"] == str(tmp_path) and env["TMPDIR"] == str(tmp_path / "tmp")
+    assert (tmp_path / "tmp").is_dir()
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)  # grader and labs importable

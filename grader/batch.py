@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -118,15 +119,32 @@ def grade_all(subs: list[Submission], out_dir: Path, *, device: str, seed: int,
                                       timeout=timeout, name=sub.name, learner=sub.learner,
                                       on_outcome=on_outcome), False
         return
+    # A submission can kill the worker grading it (its kernel runs as the same user), which
+    # breaks the whole pool: the notebooks it took down are graded again, each in a pool of
+    # its own, so only the one that did it is recorded as not graded.
+    broken = yield from _in_pool(todo, out_dir, device, seed, timeout, jobs)
+    for sub in broken:
+        yield from _in_pool([sub], out_dir, device, seed, timeout, 1, last_try=True)
+
+
+def _in_pool(subs: list[Submission], out_dir: Path, device: str, seed: int,
+             timeout: float | None, jobs: int, last_try: bool = False):
+    """Grade ``subs`` in a pool of ``jobs`` spawned workers, yielding ``(sub, result, False)``;
+    return the submissions lost to a broken pool (recorded as not graded when ``last_try``)."""
+    lost = []
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
         futures = {pool.submit(_grade_one, sub, out_dir, device, seed, timeout): sub
-                   for sub in todo}
+                   for sub in subs}
         for future in as_completed(futures):
             sub = futures[future]
             try:
                 result = future.result()
-            except Exception as exc:  # the worker process itself died (killed, out of memory)
+            except Exception as exc:  # the worker process died (killed, out of memory)
+                if isinstance(exc, BrokenProcessPool) and not last_try:
+                    lost.append(sub)
+                    continue
                 result = record_failure(
                     sub.path, out_dir, name=sub.name, learner=sub.learner, device=device,
                     seed=seed, reason=f"the grading worker died: {type(exc).__name__}: {exc}")
             yield sub, result, False
+    return lost

@@ -61,6 +61,22 @@ def test_two_jobs_grade_exactly_as_one(tmp_path):
     assert serial["dee"].error and "not a readable Jupyter notebook" in serial["dee"].error
 
 
+def test_a_submission_that_kills_its_grading_worker_costs_only_its_own_result(tmp_path):
+    subs = _class(tmp_path)
+    killer = copy.deepcopy(RELEASE)
+    for cell in killer.cells:
+        if notebook.role(cell) == "answer" and notebook.exercise_of(cell) == "toy.add":
+            cell.source = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)"
+    (subs / "eve").mkdir()
+    notebook.write(killer, subs / "eve" / "90_toy.ipynb")
+    results = {s.learner: r for s, r, _ in grade_all(find_submissions([str(subs)]), tmp_path / "out",
+                                                     device="cpu", seed=5, timeout=None, jobs=2)}
+    assert [results[k].score for k in ("ann", "ben", "cid")] == [3, 0, 2]
+    assert "the grading worker died" in results["eve"].error
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.json")) == [
+        f"{k}-90_toy.json" for k in ("ann", "ben", "cid", "dee", "eve")]
+
+
 def test_resume_reuses_unchanged_work_and_regrades_changes(tmp_path):
     subs = find_submissions([str(_class(tmp_path))])
     out = tmp_path / "out"

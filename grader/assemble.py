@@ -2,7 +2,8 @@
 
 The submission is trusted for answer cells and the cells the learner added, nothing else:
 every other cell that came with the release (narrative, setup, demos, self-checks) is restored
-from the release by cell id (a changed one is reported and not run; a deleted one is put back).
+from the release by cell id, or by content for cells without the release's id (a changed one
+is reported and not run; a deleted one is put back).
 Learner cells keep their place after the nearest release cell above them. Each exercise's
 self-check cell becomes a *grade cell*, placed after the exercise's self-check or its last answer
 cell, whichever comes later, so an answer moved further down is still defined when it is checked.
@@ -78,8 +79,15 @@ def assemble(release: NotebookNode, submission: NotebookNode, lab: Lab, *, seed:
     anchor: str | None = None
     answers: dict[str, list[NotebookNode]] = {}
     seen_release: list[str] = []
+    # Cells whose id matches no release cell (saved before nbformat 4.5 gave cells ids, or
+    # re-created) are matched by their content to the release cells no id claimed.
+    claimed = {c.get("id") for c in submission.cells if notebook.role(c) != "answer"}
+    by_content = {}
+    for c in reversed(kept.values()):
+        if c.id not in claimed:
+            by_content[(c.cell_type, c.source)] = c
     for cell in submission.cells:
-        rel = kept.get(cell.get("id"))
+        rel = kept.get(cell.get("id")) or by_content.pop((cell.cell_type, cell.source), None)
         if rel is not None and notebook.role(cell) != "answer":
             anchor = rel.id
             seen_release.append(rel.id)

@@ -213,16 +213,16 @@ TIMEOUT_ENAME = "GraderTimeLimit"
 
 #: what an answer that raised one of these did, in words
 _EXITS = {
-    "SystemExit": "called sys.exit() (or raised SystemExit), which ends a program; an answer "
-                  "cell must only define its answer",
-    "KeyboardInterrupt": "raised KeyboardInterrupt, as if interrupted",
+    "SystemExit": "sys.exit() and raise SystemExit end a program; an answer cell must only "
+                  "define its answer",
+    "KeyboardInterrupt": "as if interrupted from the keyboard; an answer must not raise it",
 }
 
 
 def _answer_error(ename: str, evalue: str) -> str:
     """One answer cell's error as the result reports it."""
     what = f"{ename}: {evalue}" if evalue else ename
-    return f"{what} (it {_EXITS[ename]})" if ename in _EXITS else what
+    return f"{what} ({_EXITS[ename]})" if ename in _EXITS else what
 
 
 class GraderEngine(Engine):

@@ -137,3 +137,13 @@ def test_skipped_exercises_neither_run_their_answers_nor_get_a_grade_cell():
     built = _run(_submission(), skipped={"toy.gpu": "needs cuda"})
     assert "grade-toy-gpu" not in _ids(built.nb) and "gpu-answer" not in _ids(built.nb)
     assert built.skipped == {"toy.gpu": "needs cuda"}
+
+
+def test_cells_without_the_release_ids_are_matched_by_content():
+    sub = _submission()
+    for i, cell in enumerate(sub.cells):  # as read from nbformat 3 / 4.4: ids made up
+        cell.id = f"cell-{i}"
+    built = _run(sub)
+    assert built.notes == [] and built.edited == [] and built.missing == []
+    assert [c.source for c in built.nb.cells if notebook.role(c) != "grade"][1:] == \
+        [c.source for c in RELEASE.cells if notebook.role(c) != "check"]

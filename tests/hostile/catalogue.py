@@ -36,7 +36,8 @@ class Fixture:
     """One submission: ``build(perfect notebook) -> notebook or raw bytes``; ``expect`` maps
     exercise slugs to ``(status, phrase)``; ``notes`` are phrases the result's notes must hold;
     ``timeout`` overrides every exercise's limit (s); ``path`` is where it is written, relative
-    to the batch folder; ``error`` is a phrase of the result's ``error`` (ungradable notebooks)."""
+    to the batch folder; ``error`` is a phrase of the result's ``error`` (ungradable notebooks);
+    ``clean``: the result has no notes (nothing needed repair)."""
 
     name: str
     kind: str
@@ -48,6 +49,7 @@ class Fixture:
     path: str = ""
     error: str = ""
     result_lab: str = ""
+    clean: bool = False
 
     @property
     def relpath(self) -> str:
@@ -306,16 +308,16 @@ FIXTURES = [
              "graph-walk": ("crashed", "out of memory")}),
     Fixture("output-flood", "output flood: 300k lines, and one 50 MB line", A,
             chain(before(A, "engine", "for i in range(300_000):\n    print(i)"),
-                  before(A, "checkpoint", "print('x' * 50_000_000)"))),
+                  before(A, "checkpoint", "print('x' * 50_000_000)")), clean=True),
     Fixture("exits", "sys.exit(0), sys.exit(1), raise SystemExit, raise KeyboardInterrupt", D,
             chain(before(D, "views", "import sys\nsys.exit(0)"),
                   before(D, "op-trace", "import sys\nsys.exit(1)"),
                   before(D, "key-priority", "raise SystemExit"),
                   before(D, "custom-op", "raise KeyboardInterrupt")),
-            {"views": ("error", "SystemExit: 0 (it called sys.exit()"),
-             "op-trace": ("error", "SystemExit: 1 (it called sys.exit()"),
-             "key-priority": ("error", "SystemExit (it called sys.exit()"),
-             "custom-op": ("error", "KeyboardInterrupt (it raised KeyboardInterrupt")}),
+            {"views": ("error", "raised SystemExit: 0 (sys.exit() and raise SystemExit end a program"),
+             "op-trace": ("error", "raised SystemExit: 1 (sys.exit() and raise SystemExit end"),
+             "key-priority": ("error", "raised SystemExit (sys.exit() and raise SystemExit end"),
+             "custom-op": ("error", "raised KeyboardInterrupt (as if interrupted from the keyboard")}),
     Fixture("stray-thread", "a thread left running after the answer cell", A,
             after(A, "graph-walk", "import threading, time\nthreading.Thread(target=time.sleep, "
                   "args=(3600,), name='spinner', daemon=True).start()"),
@@ -346,7 +348,7 @@ FIXTURES = [
             chain(stub(A, "engine"), after(A, "engine", _FAKE_VERDICT)),
             {"engine": ("error", "autograd.engine is still the stub")}),
     Fixture("detects-grading", "reads the environment and files to detect grading", A,
-            after(A, "engine", _DETECT)),
+            after(A, "engine", _DETECT), clean=True),
     Fixture("edited-release-cells", "setup edited, narrative and check cells deleted and moved", A,
             _edit_release_cells,
             notes=("differs from the release", "missing and were put back", "were moved")),
@@ -365,7 +367,8 @@ FIXTURES = [
             raw(b"\x89PNG\r\n\x1a\n" + bytes(range(256))),
             {"engine": ("error", "not a readable Jupyter notebook")},
             error="not a readable Jupyter notebook"),
-    Fixture("nbformat-3", "nbformat 3", A, _nbformat(3)),
+    Fixture("nbformat-3", "nbformat 3 (no cell ids: release cells matched by content)", A,
+            _nbformat(3), clean=True),
     Fixture("nbformat-5", "a newer nbformat than supported", A, _nbformat(5),
             {"engine": ("error", "saved as nbformat 5, newer than the grader reads")},
             error="saved as nbformat 5"),
@@ -386,9 +389,9 @@ FIXTURES = [
     Fixture("stale-outputs", "stale outputs (and verdicts) from the learner's own run", A,
             chain(stub(A, "engine"), _stale_outputs),
             {"engine": ("error", "autograd.engine is still the stub")}),
-    Fixture("huge-notebook", "a notebook with 32 MB of embedded outputs", A, _huge),
+    Fixture("huge-notebook", "a notebook with 32 MB of embedded outputs", A, _huge, clean=True),
     Fixture("unicode-path", "a path with spaces and non-ASCII characters", A, lambda nb: nb,
-            path="Zoë Müller/02_autograd.ipynb"),
+            path="Zoë Müller/02_autograd.ipynb", clean=True),
 ]
 
 

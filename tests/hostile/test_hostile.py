@@ -63,6 +63,7 @@ def test_each_fixture_costs_only_its_own_exercises(graded, name):
         assert (mine.status, phrase in mine.message) == (status, True), (ex.id, mine.message)
         assert mine.points == (ex.points if status == "passed" else 0)
     notes = " | ".join(result.notes)
+    assert not (fx.clean and notes), notes
     for phrase in fx.notes:
         assert phrase in notes, notes
 

@@ -328,7 +328,8 @@ _MARKDOWN = jinja2.Environment(autoescape=False, **_ENV_ARGS)
 _MARKDOWN.filters.update(md=_md, md_cell=_md_cell, md_item=_md_item, md_code=_md_code,
                          fence=_fence)
 for _env in (_HTML, _MARKDOWN):
-    _env.filters.update(num=_num, pct=_pct)
+    # file_name: learners see their notebook's name, not the folders it was graded from
+    _env.filters.update(num=_num, pct=_pct, file_name=lambda p: Path(p).name)
 
 
 def _feedback_context(g: Graded) -> dict:
@@ -458,7 +459,7 @@ def gradescope_results(result: LabResult) -> dict:
             "execution_time": math.ceil(result.duration_s),
             "output": "\n".join(lines), "visibility": "visible", "stdout_visibility": "hidden",
             "tests": tests,
-            "extra_data": {"lab": result.lab, "notebook": result.notebook,
+            "extra_data": {"lab": result.lab, "notebook": Path(result.notebook).name,
                            "runnable_max_score": result.runnable_max_score,
                            "error": result.error, "environment": asdict(env)}}
 

@@ -118,7 +118,9 @@ def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int 
         result = _grade(path, submission, lab, env, out_dir / f"{name}.executed.ipynb",
                         timeout=timeout, on_outcome=on_outcome, started=started)
     except GraderError as exc:  # unreadable, unknown lab: the file name may still say which lab
-        result = _failed_result(lab or _lab_from_name(path), path, env, str(exc), started)
+        # the learner sees this reason: name their file, not the folders it sits in here
+        reason = str(exc).replace(str(path), path.name)
+        result = _failed_result(lab or _lab_from_name(path), path, env, reason, started)
     except Exception as exc:  # an input nobody foresaw: it costs this notebook only
         result = _failed_result(lab or _lab_from_name(path), path, env,
                                 f"internal error while grading: {type(exc).__name__}: {exc}",

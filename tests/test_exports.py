@@ -7,7 +7,7 @@ import csv
 import json
 import os
 import xml.etree.ElementTree as ET
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import jsonschema
 import nbformat
@@ -258,6 +258,13 @@ def test_feedback_escapes_messages_and_shows_both_scores(graded):
     assert "- **failed** `toy.mul`" in md and "- **skipped** `toy.gpu`" in md
     assert "toy.add (" not in md  # passed exercises are not in "what to look at"
     assert "No executed notebook" in md
+
+
+def test_learners_see_their_notebook_s_name_not_the_instructor_s_folders():
+    result = replace(ALICE_TOY, notebook="/home/prof/class-2026/alice/90_toy.ipynb")
+    g = Graded("alice_90_toy", "alice", result)
+    for text in (feedback_markdown(g), feedback_html(g), json.dumps(gradescope_results(result))):
+        assert "90_toy.ipynb" in text and "/home/prof" not in text
 
 
 def test_feedback_for_a_notebook_that_could_not_be_graded_says_why():

@@ -54,6 +54,7 @@ def test_each_fixture_costs_only_its_own_exercises(graded, name):
     assert result.lab == (fx.result_lab or fx.lab)
     if fx.error:
         assert fx.error in (result.error or ""), result.error
+        assert str(graded[2]) not in result.error  # no instructor folders in what learners see
     lab = load_lab(fx.lab) if result.lab != "unknown" else None
     got = {e.id: e for e in result.exercises}
     for ex in (lab.exercises if lab else ()):

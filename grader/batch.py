@@ -1,9 +1,9 @@
 """A batch: find the submissions and who they belong to, grade them (in parallel, each in its own
 kernel and working folder), and skip the ones already graded unchanged (resume).
 
-Learners are identified from the path: ``submissions/<learner>/<NN_lab>.ipynb`` (a folder per
-learner) or ``<learner>_<NN_lab>.ipynb`` / ``<learner>_<lab>.ipynb`` (a flat folder); any other
-file name is its own learner. The lab comes from the notebook's metadata (or its file name).
+Learners are identified from the path: ``submissions/<learner>/...`` (a folder per learner,
+whatever the files are called) or ``<learner>_<NN_lab>.ipynb`` / ``<learner>_<lab>.ipynb`` (a
+flat folder); any other file name is its own learner. The lab comes from the notebook's metadata (or its file name).
 """
 from __future__ import annotations
 
@@ -32,9 +32,13 @@ class Submission:
     name: str
 
 
-def learner_of(path: Path) -> str:
-    """Who submitted ``path``: the folder of ``<learner>/<NN_lab>.ipynb``, the prefix of
-    ``<learner>_<NN_lab>.ipynb`` or ``<learner>_<lab>.ipynb``, else the file's stem."""
+def learner_of(path: Path, root: Path | None = None) -> str:
+    """Who submitted ``path``: when ``path`` lies in a folder under the searched folder
+    ``root``, that folder (``root/<learner>/...``, whatever the file is called); else the folder
+    of ``<learner>/<NN_lab>.ipynb``, the prefix of ``<learner>_<NN_lab>.ipynb`` or
+    ``<learner>_<lab>.ipynb``, else the file's stem."""
+    if root is not None and len(parts := path.relative_to(root).parts) > 1:
+        return parts[0]
     stem = path.stem
     for lab in lab_ids():
         if re.fullmatch(rf"\d+_{re.escape(lab)}", stem):
@@ -49,30 +53,32 @@ def find_submissions(paths: list[str]) -> list[Submission]:
     folders such as .ipynb_checkpoints and the grader's own ``*.executed.ipynb``), in a fixed
     order. Result names do not depend on what else is in the batch: the file's stem when it
     starts with the learner's name (``alice_02_autograd``), else ``<learner>-<stem>``
-    (``alice-02_autograd`` for ``alice/02_autograd.ipynb``).
+    (``alice-02_autograd`` for ``alice/02_autograd.ipynb``); should two still coincide, the
+    later ones get ``-2``, ``-3``... (one learner's name never stops another's grading).
 
-    Raises GraderError for a missing path, no notebooks, or two notebooks with one name."""
-    found: list[Path] = []
+    Raises GraderError for a missing path or no notebooks."""
+    found: list[tuple[Path, Path | None]] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found += sorted(q for q in p.rglob("*.ipynb")
-                            if not q.name.endswith(".executed.ipynb")
-                            and not any(part.startswith(".") for part in q.relative_to(p).parts))
+            found += [(q, p) for q in sorted(p.rglob("*.ipynb"))
+                      if not q.name.endswith(".executed.ipynb")
+                      and not any(part.startswith(".") for part in q.relative_to(p).parts)]
         elif p.is_file():
-            found.append(p)
+            found.append((p, None))
         else:
             raise GraderError(f"{p}: no such file or folder")
     if not found:
         raise GraderError(f"no notebooks found in {', '.join(paths)}")
-    subs = []
-    for p in found:
-        learner = learner_of(p)
-        subs.append(Submission(p, learner, p.stem if p.stem.startswith(learner)
-                               else f"{learner}-{p.stem}"))
-    names = [s.name for s in subs]
-    if dup := sorted({n for n in names if names.count(n) > 1}):
-        raise GraderError(f"several notebooks would write the result {dup[0]}.json: "
-                          + ", ".join(str(s.path) for s in subs if s.name == dup[0]))
+    subs, taken = [], set()
+    for p, root in found:
+        learner = learner_of(p, root)
+        name = p.stem if p.stem.startswith(learner) else f"{learner}-{p.stem}"
+        unique, n = name, 1
+        while unique in taken:
+            n += 1
+            unique = f"{name}-{n}"
+        taken.add(unique)
+        subs.append(Submission(p, learner, unique))
     return subs
 
 

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from grader import __version__
 from grader.errors import GraderError
@@ -37,7 +38,7 @@ def cmd_grade(args, console: Console) -> int:
     seed = new_seed() if args.seed is None else args.seed
     subs = find_submissions(args.paths)
     console.print(f"grading {len(subs)} notebook(s) on {device}, seed {seed}, "
-                  f"{args.jobs} job(s) -> {args.out}")
+                  f"{args.jobs} job(s) -> {escape(str(args.out))}")
 
     def progress(o):
         console.print(f"  [{STYLE[o.status]}]{o.status:>7}[/] {o.exercise} "
@@ -56,8 +57,8 @@ def cmd_grade(args, console: Console) -> int:
             done[sub] = (result, reused)
             bar.advance(task)
             if len(subs) > 1:
-                why = f" [red]not graded: {result.error}[/]" if result.error else ""
-                bar.console.print(f"  {'reused' if reused else 'graded'} {sub.path}: "
+                why = f" [red]not graded: {escape(result.error)}[/]" if result.error else ""
+                bar.console.print(f"  {'reused' if reused else 'graded'} {escape(str(sub.path))}: "
                                   f"{result.score:g}/{result.max_score:g}{why}", highlight=False)
     results = [(sub, *done[sub]) for sub in subs]  # a fixed order, whatever the completion order
     if len(subs) == 1:
@@ -70,18 +71,19 @@ def cmd_grade(args, console: Console) -> int:
         try:
             graded.append(load_graded(path))
         except (OSError, ValueError, KeyError, TypeError):
-            console.print(f"[yellow]not a result, left out of the reports:[/yellow] {path}")
+            console.print(f"[yellow]not a result, left out of the reports:[/yellow] "
+                          f"{escape(str(path))}")
     try:
         write_reports(sorted(graded, key=lambda g: (g.learner, g.result.lab)), args.out)
     except ValueError as exc:  # e.g. two results for one learner and lab
-        console.print(f"[red]reports not written:[/red] {exc}")
+        console.print(f"[red]reports not written:[/red] {escape(str(exc))}")
         return 1
-    console.print(f"[dim]results: {args.out}/<name>.json; reports for the {len(graded)} results "
+    console.print(f"[dim]results: {escape(str(args.out))}/<name>.json; reports for the {len(graded)} results "
                   "there: gradebook.csv, junit.xml, summary.html, feedback/, gradescope/[/dim]")
     below = [sub for sub, r, _ in results if args.fail_under is not None
              and 100 * r.score < args.fail_under * r.runnable_max_score]
     for sub in below:
-        console.print(f"[red]below --fail-under {args.fail_under:g}%:[/red] {sub.path}")
+        console.print(f"[red]below --fail-under {args.fail_under:g}%:[/red] {escape(str(sub.path))}")
     if any(r.error for _, r, _ in results):
         return 1
     return 3 if below else 0
@@ -136,11 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code: 0 graded, 1 some notebook could not be graded (or
     notebooks/ is stale), 2 bad arguments, 3 a score below ``--fail-under``."""
     args = build_parser().parse_args(argv)
-    console = Console()
+    console = Console(emoji=False)  # ":x:" in a learner's path is text, not an emoji
     try:
         return args.func(args, console)
     except GraderError as exc:
-        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {exc}")
+        Console(stderr=True, soft_wrap=True, emoji=False).print(f"[red]error:[/red] {escape(str(exc))}")
         return exc.exit_code
 
 

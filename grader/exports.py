@@ -130,7 +130,8 @@ def gradebook_rows(graded: list[Graded]) -> tuple[list[str], list[dict[str, str]
     in ``max_score`` and ``runnable_max_score`` (nothing ran, so nothing is excused). Skipped
     exercises score 0 and count in ``max_score`` but not ``runnable_max_score``. A result with
     no exercises (grading failed before its lab was known) adds only to ``grading_errors``.
-    Raises ValueError when one learner has two results for one lab."""
+    When one learner has several results for one lab, the best counts, and ``grading_errors``
+    says so."""
     labs = _lab_order(graded)
     lab_max = {lab: max(g.result.max_score for g in graded if g.result.lab == lab
                         and g.result.exercises) for lab in labs}
@@ -149,9 +150,11 @@ def gradebook_rows(graded: list[Graded]) -> tuple[list[str], list[dict[str, str]
             errors[g.learner].append(f"{g.name}: {g.result.error}")
         if not g.result.exercises:
             continue
-        if g.result.lab in mine:
-            raise ValueError(f"learner {g.learner!r} has two results for lab {g.result.lab!r} "
-                             f"({mine[g.result.lab].name}, {g.name}); a gradebook row holds one")
+        if (kept := mine.get(g.result.lab)) is not None:  # two hand-ins: the best one counts
+            best = g if g.result.score > kept.result.score else kept
+            errors[g.learner].append(f"{g.result.lab}: several results ({kept.name}, {g.name}); "
+                                     f"the best, {best.name}, is counted")
+            g = best
         mine[g.result.lab] = g
 
     rows = []

@@ -1,7 +1,12 @@
-"""Human-readable views of a :class:`LabResult` (pure functions of it)."""
+"""Human-readable views of a :class:`LabResult` (pure functions of it).
+
+Everything a submission controls (paths, learner names, messages, notes, errors) goes through
+``escape`` before it reaches rich, whose markup would otherwise read ``[/bold]`` in a file name
+or an exception message as a tag (and raise on an unmatched one)."""
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from grader.results import LabResult
@@ -14,7 +19,7 @@ def table(result: LabResult) -> Table:
     """A per-exercise table with the score over the whole lab and over what could run; the
     messages of exercises that did not pass follow the table (see :func:`print_result`)."""
     env = result.environment
-    t = Table(title=f"{result.lab} — {result.notebook}",
+    t = Table(title=escape(f"{result.lab} — {result.notebook}"),
               caption=(f"score {result.score:g}/{result.max_score:g} "
                        f"(over what could run here: {result.score:g}/{result.runnable_max_score:g})"
                        f" · seed {env.seed} · {env.device} · torch {env.torch_version}"
@@ -37,12 +42,13 @@ def print_result(result: LabResult, console: Console) -> None:
     console.print(table(result))
     for e in result.exercises:
         if e.status != "passed":
-            console.print(f"[{STYLE[e.status]}]{e.status}[/] [bold]{e.id}[/bold]: {e.message}",
+            console.print(f"[{STYLE[e.status]}]{e.status}[/] [bold]{e.id}[/bold]: "
+                          f"{escape(e.message)}",
                           highlight=False)
     for note in result.notes:
-        console.print(f"[dim]note:[/dim] {note}")
+        console.print(f"[dim]note:[/dim] {escape(note)}", highlight=False)
     if result.error:
-        console.print(f"[red]grading error:[/red] {result.error}")
+        console.print(f"[red]grading error:[/red] {escape(result.error)}", highlight=False)
 
 
 def summary_table(results) -> Table:
@@ -55,10 +61,11 @@ def summary_table(results) -> Table:
         counts = {}
         for e in r.exercises:
             counts[e.status] = counts.get(e.status, 0) + 1
-        statuses = " ".join(f"[{STYLE[s]}]{n} {s}[/]" for s, n in counts.items())
+        statuses = " ".join(f"[{STYLE[s]}]{counts[s]} {s}[/]" for s in STYLE if s in counts)
         if r.error:
-            statuses = f"[red]not graded: {r.error}[/]"
-        t.add_row(sub.learner, r.lab, str(sub.path) + (" [dim](reused)[/dim]" if reused else ""),
+            statuses = f"[red]not graded: {escape(r.error)}[/]"
+        t.add_row(escape(sub.learner), r.lab,
+                  escape(str(sub.path)) + (" [dim](reused)[/dim]" if reused else ""),
                   f"{r.score:g}/{r.max_score:g}", f"{r.score:g}/{r.runnable_max_score:g}",
                   statuses)
     return t

@@ -27,6 +27,25 @@ def test_learners_are_named_by_folder_or_file_prefix(path, learner):
     assert learner_of(Path(path)) == learner
 
 
+def test_the_folder_under_the_searched_one_names_the_learner_and_names_never_collide(tmp_path):
+    files = ["alice/homework.ipynb", "bob/homework.ipynb", "bob/alice_90_toy.ipynb",
+             "carol/90_toy (1).ipynb", "dave/Copy of 90_toy.ipynb", "erin_90_toy.ipynb",
+             "erin/erin_90_toy.ipynb"]
+    for f in files:
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("{}")
+    subs = {s.path.relative_to(tmp_path).as_posix(): (s.learner, s.name)
+            for s in find_submissions([str(tmp_path)])}
+    assert subs == {
+        "alice/homework.ipynb": ("alice", "alice-homework"),
+        "bob/alice_90_toy.ipynb": ("bob", "bob-alice_90_toy"),
+        "bob/homework.ipynb": ("bob", "bob-homework"),
+        "carol/90_toy (1).ipynb": ("carol", "carol-90_toy (1)"),
+        "dave/Copy of 90_toy.ipynb": ("dave", "dave-Copy of 90_toy"),
+        "erin/erin_90_toy.ipynb": ("erin", "erin_90_toy"),
+        "erin_90_toy.ipynb": ("erin", "erin_90_toy-2")}
+
+
 def _class(root: Path) -> Path:
     """A class folder: a reference, a stub, a half-right and a broken submission."""
     subs = root / "subs"
@@ -109,6 +128,18 @@ def test_ci_exit_codes(tmp_path, capsys):
                  "--fail-under", "50"]) == 3  # ben scores 0
     assert "below --fail-under 50%" in capsys.readouterr().out
     assert main(["grade", str(subs), "--out", out, "--device", "cpu"]) == 0
+
+
+def test_markup_in_paths_and_contents_is_printed_as_text(tmp_path, capsys):
+    subs = tmp_path / "subs"
+    (subs / "[/bold] mallory").mkdir(parents=True)
+    (subs / "[/bold] mallory" / "90_toy.ipynb").write_text("[/bold] [red]x")
+    (subs / "root:x:0:0").mkdir()
+    (subs / "root:x:0:0" / "90_toy.ipynb").write_text("[/red]")
+    assert main(["grade", str(subs), "--out", str(tmp_path / "out"), "--device", "cpu"]) == 1
+    out = "".join(capsys.readouterr().out.split())  # rich wraps lines at 80 columns here
+    assert "[/bold]mallory" in out and "root:x:0:0" in out
+    assert (tmp_path / "out" / "gradebook.csv").is_file()
 
 
 def _without_times(data):

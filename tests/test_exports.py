@@ -116,9 +116,18 @@ def test_gradebook_has_one_row_per_learner_with_exercise_columns_and_totals(grad
     assert rows["erin"]["toy:score"] == str(int(graded[-1].result.score))
 
 
-def test_gradebook_refuses_two_results_of_one_learner_for_one_lab():
-    with pytest.raises(ValueError, match="alice.*two results for lab 'toy'"):
-        gradebook_rows(SYNTHETIC + [Graded("again", "alice", CAROL_TOY)])
+def test_two_results_of_one_learner_for_one_lab_count_the_best_and_say_so():
+    def again(status, points):
+        return replace(CAROL_TOY, exercises=tuple(replace(e, status=status, points=points(e))
+                                                  for e in CAROL_TOY.exercises))
+
+    worse, better = again("failed", lambda e: 0), again("passed", lambda e: e.max_points)
+    for extra, counted, score in ((worse, "alice_90_toy", "1"), (better, "again", "4")):
+        _, rows = gradebook_rows(SYNTHETIC + [Graded("again", "alice", extra)])
+        alice = next(r for r in rows if r["learner"] == "alice")
+        assert alice["toy:score"] == score
+        assert (f"toy: several results (alice_90_toy, again); the best, {counted}, is counted"
+                in alice["grading_errors"])
 
 
 # --------------------------------------------------------------------------- atomic writes

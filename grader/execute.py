@@ -14,6 +14,7 @@ counts only when it carries the run key's seal (:mod:`grader.guard`).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 import nbformat.v4 as v4
+import psutil
 from jupyter_client import AsyncKernelManager
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode
@@ -115,6 +117,21 @@ class GraderClient(PapermillNotebookClient):
                 "stream", name="stderr", text=f"\n[grader] {n:,} more characters of output were "
                 f"dropped: at most {MAX_CELL_OUTPUT:,} are kept per cell and "
                 f"{MAX_NOTEBOOK_OUTPUT:,} per notebook.\n"))
+
+
+@contextlib.contextmanager
+def _reaping(client):
+    """On leaving, kill every process the kernel started that is still running (the kernel is a
+    subreaper, so detached ones are among its descendants too)."""
+    try:
+        yield
+    finally:
+        process = getattr(getattr(client.km, "provisioner", None), "process", None)
+        try:
+            for child in psutil.Process(process.pid).children(recursive=True):
+                child.kill()
+        except (AttributeError, psutil.Error):  # no kernel process left
+            pass
 
 
 def _death(client, limits: Limits) -> str:
@@ -232,6 +249,7 @@ class GraderEngine(Engine):
     @classmethod
     def execute_managed_notebook(cls, nb_man, kernel_name, *, timeouts: dict[str, float],
                                  on_outcome: Callable[[Outcome], None], workdir: Path,
+                                 home: Path,
                                  limits: Limits, key: bytes, start_timeout=60, **kwargs):
         interrupted: set[int] = set()
 
@@ -247,15 +265,16 @@ class GraderEngine(Engine):
             error_on_timeout={"ename": TIMEOUT_ENAME, "evalue": "time limit", "traceback": []},
             iopub_timeout=INTERRUPT_GRACE, on_cell_error=on_cell_error,
             kernel_manager_class=SandboxKernelManager,
-            # local IPC sockets (in the run's temporary working folder), not TCP on localhost
-            config=Config(KernelManager={"transport": "ipc"},
+            # local IPC sockets (in the run's home folder, outside the kernel's working
+            # folder, which holds only what the learner writes), not TCP on localhost
+            config=Config(KernelManager={"transport": "ipc", "ip": str(home / "kernel")},
                           SandboxKernelManager={"memory": limits.memory, "cpu": limits.cpu}))
         run = _Run(client, nb_man, timeouts, interrupted, limits, key)
         todo = parts(nb_man.nb)
         done, lost = 0, set()  # parts run so far; those among them that timed out or crashed
         while done < len(todo):
             (workdir / guard.KEY_FILE).write_bytes(key)
-            with client.setup_kernel(env=kernel_env(workdir), cwd=str(workdir)):
+            with client.setup_kernel(env=kernel_env(home), cwd=str(workdir)), _reaping(client):
                 if done:
                     run.replay(todo[:done], lost)
                 while done < len(todo):

@@ -175,12 +175,16 @@ def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *
     # CPU seconds: every core busy for the whole lab's time, plus start-up (a backstop only)
     limits = Limits(memory=int(lab.memory_gib * 2**30),
                     cpu=int((sum(timeouts.values()) + 300) * (os.cpu_count() or 1)))
-    with tempfile.TemporaryDirectory(prefix="grade-") as cwd:
+    # the kernel works in run/work (empty: only what the learner writes lands there); its
+    # home, temporary files and sockets are in run/home
+    with tempfile.TemporaryDirectory(prefix="grade-") as run:
+        work, home = Path(run) / "work", Path(run) / "home"
+        work.mkdir()
         try:
             papermill.execute_notebook(
                 built.nb, str(executed), parameters={"device": device, "seed": seed},
-                engine_name="grader", kernel_name="python3", progress_bar=False, cwd=cwd,
-                on_outcome=record, timeouts=timeouts, workdir=Path(cwd), limits=limits,
+                engine_name="grader", kernel_name="python3", progress_bar=False, cwd=str(work),
+                on_outcome=record, timeouts=timeouts, workdir=work, home=home, limits=limits,
                 key=secrets.token_bytes(32))
         except PapermillExecutionError:
             pass  # some cell raised: each exercise's outcome already says what that cost

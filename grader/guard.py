@@ -80,7 +80,7 @@ def _course_modules(lab_id: str) -> list[tuple[str, object]]:
                                   or name == f"labs.{lab_id}" or name.startswith(f"labs.{lab_id}."))]
 
 
-def _entries(lab_id: str) -> dict[str, tuple[object, object]]:
+def _entries(lab_id: str, _course_modules=_course_modules) -> dict[str, tuple[object, object]]:
     """What is watched: every global of the course's modules, the public names of the library
     modules, and torch.Tensor's own attributes (plus its comparison and truth dunders)."""
     out: dict[str, tuple[object, object]] = {}
@@ -179,13 +179,18 @@ def key() -> bytes:
     return _STATE["key"]
 
 
-def tampering(exercise_id: str) -> list[str]:
+def tampering(exercise_id: str, *, _state=_STATE, _entries=_entries, _same=_same,
+              _libraries=_libraries) -> list[str]:
     """The watched names the notebook replaced or removed since :func:`arm`, and the exercise's
-    checks if their registration changed (empty when nothing was touched)."""
+    checks if their registration changed (empty when nothing was touched).
+
+    The keyword defaults are this module's own objects, bound when it was imported (before any
+    learner code): replacing ``grader.guard._same`` from a notebook does not change what runs
+    here (and is itself reported, as every global of the grader's modules is watched)."""
     from grader import checks
 
-    snap: Snapshot = _STATE["snapshot"]
-    now = _entries(_STATE["lab"])
+    snap: Snapshot = _state["snapshot"]
+    now = _entries(_state["lab"])
     libs = _libraries()
     changed = [name for name, old in snap.names.items() if not _same(old, now.get(name), libs)]
     changed += [f"torch.Tensor.{attr}" for attr in

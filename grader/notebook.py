@@ -44,7 +44,10 @@ def read(path: str | Path) -> NotebookNode:
             version = str(exc).rsplit(" ", 1)[-1]
             raise GraderError(f"{path}: saved as nbformat {version}, newer than the grader reads "
                               "(nbformat 4); save it as nbformat 4 (as JupyterLab 4 does)") from exc
-        raise GraderError(f"{path}: not a readable Jupyter notebook ({type(exc).__name__}: {exc})") from exc
+        # (never quote the content: the path may lead to a file that is not the learner's)
+        why = "it is not JSON" if type(exc).__name__ == "NotJSONError" else \
+            f"{type(exc).__name__}: {str(exc)[:300]}"
+        raise GraderError(f"{path}: not a readable Jupyter notebook ({why})") from exc
     nb.nbformat_minor = max(nb.get("nbformat_minor", 5), 5)
     for i, cell in enumerate(nb.cells):
         cell.setdefault("id", f"cell-{i}")

@@ -14,6 +14,10 @@ kernel (and every process it starts, which inherit them) runs under:
 - ``RLIMIT_FSIZE``: the largest file it may write, in bytes (past it, ``write`` fails).
 - ``RLIMIT_CORE`` 0: a crash leaves no core file behind.
 
+On Linux the kernel is also a *child subreaper* (``prctl(PR_SET_CHILD_SUBREAPER)``, kept
+across ``exec``): a process its code starts and detaches (``setsid``, a double fork) stays its
+descendant, so the grader can find and stop it.
+
 :func:`kernel_env` is the environment the kernel starts with: an allow-list, so nothing of the
 grader's own environment (tokens, CI secrets) reaches the submission. (Linux model:
 ``man 2 setrlimit``; jupyter_client's ``KernelManager.format_kernel_cmd`` builds the command.)
@@ -21,12 +25,15 @@ grader's own environment (tokens, CI secrets) reaches the submission. (Linux mod
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import resource
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+#: prctl option (linux/prctl.h)
+PR_SET_CHILD_SUBREAPER = 36
 #: variables the kernel inherits from the grader's environment (when set); everything else is dropped
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "LD_LIBRARY_PATH",
               "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -47,17 +54,17 @@ class Limits:
                 "--cpu", str(self.cpu), "--file-size", str(self.file_size), "--", *kernel_argv]
 
 
-def kernel_env(workdir: Path) -> dict[str, str]:
-    """The kernel's environment: the allow-listed variables, plus a home, temporary folder and
-    IPython/Jupyter/matplotlib configuration inside ``workdir`` (so no one's startup files or
-    caches are used, and nothing is written outside it by default)."""
+def kernel_env(home: Path) -> dict[str, str]:
+    """The kernel's environment: the allow-listed variables, plus ``home`` as its home, with
+    its temporary folder and IPython/Jupyter/matplotlib configuration inside (so no one's
+    startup files or caches are used, and nothing is written elsewhere by default)."""
     root = str(Path(__file__).resolve().parent.parent)
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    tmp = workdir / "tmp"
-    tmp.mkdir(exist_ok=True)
-    env.update(HOME=str(workdir), TMPDIR=str(tmp), IPYTHONDIR=str(workdir / ".ipython"),
-               JUPYTER_CONFIG_DIR=str(workdir / ".jupyter"), MPLCONFIGDIR=str(tmp),
+    tmp = home / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    env.update(HOME=str(home), TMPDIR=str(tmp), IPYTHONDIR=str(home / ".ipython"),
+               JUPYTER_CONFIG_DIR=str(home / ".jupyter"), MPLCONFIGDIR=str(tmp),
                PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1")
     return env
 
@@ -75,6 +82,8 @@ def _main(argv: list[str]) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (args.cpu, args.cpu + 1))
     resource.setrlimit(resource.RLIMIT_FSIZE, (args.file_size, args.file_size))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if sys.platform == "linux":  # orphans of the kernel's children (setsid, double fork) stay
+        ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # its descendants
     os.execv(args.command[0], args.command)
 
 

@@ -61,21 +61,13 @@ def check(exercise_id: str) -> None:
 
 
 def _guarded(exercise_id: str, *, seed: int, device: str) -> Verdict:
-    """The verdict, unless the notebook tampered with what the checks rely on or left threads or
-    processes running (before or during the checks): then ``error`` saying so."""
-    def refused(message: str) -> Verdict:
-        return Verdict(exercise_id, "error", message, 0, 0, seed)
-
-    if changed := guard.tampering(exercise_id):
-        shown = ", ".join(f"`{n}`" for n in changed[:3]) + (
-            f" and {len(changed) - 3} more" if len(changed) > 3 else "")
-        return refused(f"the notebook replaced {shown}, which the checks rely on; answers must "
-                       "not modify torch, Python's builtins or the grader. The checks did not run.")
+    """The verdict, unless the answer left threads or processes running (before or during the
+    checks): then ``error`` saying so."""
     if message := _strays("after its answer cells ran"):
-        return refused(message + " The checks did not run.")
+        return Verdict(exercise_id, "error", message + " The checks did not run.", 0, 0, seed)
     v = _verdict(exercise_id, seed=seed, device=device, hidden=True)
     if message := _strays("while the checks called it"):
-        return refused(message)
+        return Verdict(exercise_id, "error", message, 0, 0, seed)
     return v
 
 
@@ -93,17 +85,29 @@ def _strays(when: str) -> str:
             "before it returns: join the threads, wait for the processes.")
 
 
-def grade(exercise_id: str, *, seed: int, device: str) -> None:
+def grade(exercise_id: str, *, seed: int, device: str,
+          _guard=(guard.armed, guard.tampering, guard.seal, guard.key, Verdict)) -> None:
     """The grader's check cell: run every check and emit the verdict as a VERDICT_MIME output,
-    sealed with the run's key (in a kernel the grader armed; see :mod:`grader.guard`)."""
+    sealed with the run's key (in a kernel the grader armed; see :mod:`grader.guard`).
+
+    ``_guard`` holds the guard's functions as they were when this module was imported, before
+    any learner code; they run first, so a notebook that replaced ``grader.guard.tampering`` or
+    any other global of the grader's (each of which the guard watches) gets ``error``."""
     from IPython.display import display
 
+    armed, tampering, seal, key, verdict = _guard
     start = time.perf_counter()
-    if guard.armed():
-        v = _guarded(exercise_id, seed=seed, device=device)
-    else:
+    if not armed():
         v = _verdict(exercise_id, seed=seed, device=device, hidden=True)
+    elif changed := tampering(exercise_id):
+        shown = ", ".join(f"`{n}`" for n in changed[:3]) + (
+            f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+        v = verdict(exercise_id, "error", f"the notebook replaced {shown}, which the checks rely "
+                    "on; answers must not modify torch, Python's builtins or the grader. The "
+                    "checks did not run.", 0, 0, seed)
+    else:
+        v = _guarded(exercise_id, seed=seed, device=device)
     payload = v.to_dict() | {"duration_s": round(time.perf_counter() - start, 3)}
-    if guard.armed():
-        payload["seal"] = guard.seal(payload, guard.key())
+    if armed():
+        payload["seal"] = seal(payload, key())
     display({VERDICT_MIME: payload, "text/plain": f"{v.exercise}: {v.status}"}, raw=True)

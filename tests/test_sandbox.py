@@ -34,7 +34,7 @@ def test_a_file_over_the_size_limit_cannot_be_written(tmp_path):
     assert done.returncode != 0 and "File too large" in done.stderr
 
 
-def test_the_environment_is_an_allow_list_with_home_in_the_run_folder(tmp_path, monkeypatch):
+def test_the_environment_is_an_allow_list_with_its_own_home(tmp_path, monkeypatch):
     monkeypatch.setenv("GITHUB_TOKEN", "ghp_secret")
     monkeypatch.setenv("GRADESCOPE_API_KEY", "secret")
     env = kernel_env(tmp_path)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -165,6 +166,13 @@ def _nbformat(major: int):
     return build
 
 
+def _symlink(nb):
+    """A link to a file of the instructor's (what a zip upload can carry)."""
+    private = Path(tempfile.mkdtemp()) / "grades-notes.txt"
+    private.write_text("INSTRUCTOR-ONLY: root:x:0:0 and other private lines\n")
+    return private
+
+
 def _kernelspec(nb):
     nb.metadata["kernelspec"] = {"name": "julia-1.9", "display_name": "Julia 1.9",
                                  "language": "julia"}
@@ -247,11 +255,11 @@ def {name}(*args, **kwargs):
 
 _DETECT = '''
 import os
-_words = ("GRADE", "PAPERMILL", "SECRET", "GITHUB", "JPY_", "PYTEST", "TOKEN")
-_leaks = sorted(k for k in os.environ if any(w in k.upper() for w in _words))
+# (JPY_PARENT_PID is no sign: jupyter_client sets it for JupyterLab's kernels too)
+_words = ("GRADE", "PAPERMILL", "SECRET", "GITHUB", "PYTEST", "TOKEN")
+_leaks = sorted(k for k in os.environ if any(w in k.upper() for w in _words) or k == "CI")
 _leaks += ["secret in /proc"] if "hunter2" in open("/proc/self/environ", errors="replace").read() else []
-_leaks += [f"file {p}" for p in os.listdir(".") if p not in ("tmp", ".ipython", ".jupyter")]
-_leaks += ["home outside the working folder"] if os.path.expanduser("~") != os.getcwd() else []
+_leaks += [f"file {p}" for p in os.listdir(".")]
 if _leaks:
     raise RuntimeError(f"the grading environment showed: {_leaks}")
 with open("learner-wrote-this.txt", "w") as f:
@@ -264,6 +272,13 @@ def {name}(*args, **kwargs):
     return {k: torch.zeros_like(v) for k, v in _honest(*args, **kwargs).items()}
 torch.allclose = lambda *a, **k: True
 torch.testing.assert_close = lambda *a, **k: None
+'''
+
+_PATCH_GUARD = _WRONG_GRADS + '''
+import grader.guard
+grader.guard.tampering = lambda *args, **kwargs: []
+grader.guard.strays = lambda: ([], [])
+grader.guard._same = lambda *args: True
 '''
 
 _PATCH_RUN_CHECKS = '''
@@ -322,9 +337,10 @@ FIXTURES = [
             after(A, "graph-walk", "import threading, time\nthreading.Thread(target=time.sleep, "
                   "args=(3600,), name='spinner', daemon=True).start()"),
             {"graph-walk": ("error", "left 1 thread(s) running ('spinner')")}),
-    Fixture("stray-process", "a child process left running after the answer cell", A,
-            after(A, "engine", "import subprocess\n_child = subprocess.Popen(['sleep', '3607'])"),
-            {"engine": ("error", "child process(es) running (pid")}),
+    Fixture("stray-process", "child processes left running, one of them detached (setsid)", A,
+            after(A, "engine", "import subprocess\n_child = subprocess.Popen(['sleep', '3607'])\n"
+                  "subprocess.run('setsid sleep 3608 &', shell=True)"),
+            {"engine": ("error", "left 2 child process(es) running (pid")}),
     # cheating and tampering
     Fixture("hidden-traceback", "showtraceback overridden to hide an error", A,
             before(A, "custom-function", "get_ipython().showtraceback = lambda *a, **k: None\n"
@@ -341,6 +357,9 @@ FIXTURES = [
     Fixture("patched-grader", "the grader's run_checks replaced from an answer", D,
             after(D, "privateuse1", _PATCH_RUN_CHECKS),
             {"privateuse1": ("error", "the notebook replaced `grader.selfcheck.run_checks`")}),
+    Fixture("patched-guard", "the guard itself patched to see nothing, then torch patched", A,
+            after(A, "per-sample-grads", _PATCH_GUARD),
+            {"per-sample-grads": ("error", "`grader.guard.tampering`")}),
     Fixture("fake-grade", "the grader's grade() replaced by one that always passes", A,
             chain(stub(A, "per-sample-grads"), after(A, "per-sample-grads", _FAKE_GRADE)),
             {"per-sample-grads": ("error", "not sealed by the grader")}),
@@ -348,7 +367,7 @@ FIXTURES = [
             chain(stub(A, "engine"), after(A, "engine", _FAKE_VERDICT)),
             {"engine": ("error", "autograd.engine is still the stub")}),
     Fixture("detects-grading", "reads the environment and files to detect grading", A,
-            after(A, "engine", _DETECT), clean=True),
+            before(A, "engine", _DETECT), clean=True),
     Fixture("edited-release-cells", "setup edited, narrative and check cells deleted and moved", A,
             _edit_release_cells,
             notes=("differs from the release", "missing and were put back", "were moved")),
@@ -367,6 +386,9 @@ FIXTURES = [
             raw(b"\x89PNG\r\n\x1a\n" + bytes(range(256))),
             {"engine": ("error", "not a readable Jupyter notebook")},
             error="not a readable Jupyter notebook"),
+    Fixture("symlink-elsewhere", "a symbolic link to a private file of the instructor's", A,
+            _symlink, {"engine": ("error", "not a readable Jupyter notebook (it is not JSON)")},
+            error="it is not JSON"),
     Fixture("nbformat-3", "nbformat 3 (no cell ids: release cells matched by content)", A,
             _nbformat(3), clean=True),
     Fixture("nbformat-5", "a newer nbformat than supported", A, _nbformat(5),
@@ -400,7 +422,9 @@ def write(fixture: Fixture, folder: Path) -> Path:
     built = fixture.build(perfect(fixture.lab))
     path = folder / fixture.relpath
     path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(built, bytes):
+    if isinstance(built, Path):
+        path.symlink_to(built)
+    elif isinstance(built, bytes):
         path.write_bytes(built)
     else:
         path.write_text(nbformat.writes(built, version=4), encoding="utf-8")

@@ -57,9 +57,12 @@ def cmd_grade(args, console: Console) -> int:
             done[sub] = (result, reused)
             bar.advance(task)
             if len(subs) > 1:
-                why = f" [red]not graded: {escape(result.error)}[/]" if result.error else ""
-                bar.console.print(f"  {'reused' if reused else 'graded'} {escape(str(sub.path))}: "
-                                  f"{result.score:g}/{result.max_score:g}{why}", highlight=False)
+                if result.error:
+                    line = f"  [red]not graded[/] {escape(str(sub.path))}: {escape(result.error)}"
+                else:
+                    line = (f"  {'reused' if reused else 'graded'} {escape(str(sub.path))}: "
+                            f"{result.score:g}/{result.max_score:g}")
+                bar.console.print(line, highlight=False)
     results = [(sub, *done[sub]) for sub in subs]  # a fixed order, whatever the completion order
     if len(subs) == 1:
         print_result(results[0][1], console)

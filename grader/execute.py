@@ -295,6 +295,13 @@ class GraderEngine(Engine):
         return nb_man.nb
 
 
+def _lost(cell: NotebookNode, message: str, duration_s: float,
+          status: str = "crashed") -> KernelLost:
+    """A KernelLost for ``cell``, whose outputs (in the graded notebook) say what happened."""
+    cell.outputs.append(v4.new_output("stream", name="stderr", text=f"\n[grader] {message}\n"))
+    return KernelLost(message, duration_s, status)
+
+
 @dataclass
 class _Run:
     """One notebook's execution state shared by its parts."""
@@ -330,13 +337,12 @@ class _Run:
             try:
                 self._execute(cell, index)
             except CellTimeoutError as exc:
-                raise KernelLost(late + " The kernel ignored the interrupt and was replaced by a "
-                                 "fresh one.", time.monotonic() - start, "timeout") from exc
+                raise _lost(cell, late + " The kernel ignored the interrupt and was replaced by "
+                            "a fresh one.", time.monotonic() - start, "timeout") from exc
             except DeadKernelError as exc:
-                raise KernelLost(
-                    f"the kernel died while running {what}: {_death(client, self.limits)}. The "
-                    "rest of the lab was graded in a fresh kernel.",
-                    time.monotonic() - start) from exc
+                raise _lost(cell, f"the kernel died while running {what}: "
+                            f"{_death(client, self.limits)}. The rest of the lab was graded in a "
+                            "fresh kernel.", time.monotonic() - start) from exc
             finally:
                 self.nb_man.cell_complete(cell, index)
             if index in self.interrupted:
@@ -344,11 +350,10 @@ class _Run:
                                "grading went on.", time.monotonic() - start)
             error = _reply_error(client, index)
             if error and out_of_memory(*error):
-                raise KernelLost(
-                    f"out of memory while running {what}: the kernel may use at most "
-                    f"{self.limits.memory / 2**30:g} GiB, the grader's limit ({error[0]}: "
-                    f"{error[1][:200]}). The rest of the lab was graded in a fresh kernel.",
-                    time.monotonic() - start)
+                raise _lost(cell, f"out of memory while running {what}: the kernel may use at "
+                            f"most {self.limits.memory / 2**30:g} GiB, the grader's limit "
+                            f"({error[0]}: {error[1][:200]}). The rest of the lab was graded in "
+                            "a fresh kernel.", time.monotonic() - start)
             if error and notebook.role(cell) == "answer":
                 answer_errors.append(_answer_error(*error))
             if error and notebook.role(cell) == "prologue":

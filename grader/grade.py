@@ -48,16 +48,18 @@ def resolve_device(device: str) -> str:
 
 
 def _message(ex: Exercise, outcome: Outcome, missing: bool, markdown: bool) -> str:
+    """The exercise's message: the likeliest cause first (a missing or markdown answer cell, an
+    error its answer cell raised), then what the checks said."""
     parts = [outcome.message]
     if outcome.status != "passed":
+        if outcome.answer_errors:
+            parts.insert(0, "Your answer cell raised " + "; ".join(outcome.answer_errors) + ".")
         if markdown:
             parts.insert(0, f"The answer cell of {ex.id} is a markdown cell, so it did not run: "
                             "change it back to a code cell (Cell type: Code).")
         elif missing:
             parts.insert(0, f"No answer cell for {ex.id} was found (answer cells are found by "
                             "their metadata; copy it back from the released notebook).")
-        if outcome.answer_errors:
-            parts.append("Your answer cell raised " + "; ".join(outcome.answer_errors) + ".")
     return " ".join(p for p in parts if p)
 
 

@@ -6,10 +6,10 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
 
 from grader import __version__
 from grader.errors import GraderError
+from grader.report import STYLE, print_result, safe, summary_table
 
 DEFAULT_OUT = Path("build/grades")
 
@@ -32,13 +32,12 @@ def cmd_grade(args, console: Console) -> int:
     from grader.batch import find_submissions, grade_all
     from grader.exports import load_graded, write_reports
     from grader.grade import new_seed, resolve_device
-    from grader.report import STYLE, print_result, summary_table
 
     device = resolve_device(args.device)
     seed = new_seed() if args.seed is None else args.seed
     subs = find_submissions(args.paths)
     console.print(f"grading {len(subs)} notebook(s) on {device}, seed {seed}, "
-                  f"{args.jobs} job(s) -> {escape(str(args.out))}")
+                  f"{args.jobs} job(s) -> {safe(str(args.out))}")
 
     def progress(o):
         console.print(f"  [{STYLE[o.status]}]{o.status:>7}[/] {o.exercise} "
@@ -58,9 +57,9 @@ def cmd_grade(args, console: Console) -> int:
             bar.advance(task)
             if len(subs) > 1:
                 if result.error:
-                    line = f"  [red]not graded[/] {escape(str(sub.path))}: {escape(result.error)}"
+                    line = f"  [red]not graded[/] {safe(sub.path)}: {safe(result.error)}"
                 else:
-                    line = (f"  {'reused' if reused else 'graded'} {escape(str(sub.path))}: "
+                    line = (f"  {'reused' if reused else 'graded'} {safe(str(sub.path))}: "
                             f"{result.score:g}/{result.max_score:g}")
                 bar.console.print(line, highlight=False)
     results = [(sub, *done[sub]) for sub in subs]  # a fixed order, whatever the completion order
@@ -75,18 +74,18 @@ def cmd_grade(args, console: Console) -> int:
             graded.append(load_graded(path))
         except (OSError, ValueError, KeyError, TypeError):
             console.print(f"[yellow]not a result, left out of the reports:[/yellow] "
-                          f"{escape(str(path))}")
+                          f"{safe(str(path))}")
     try:
         write_reports(sorted(graded, key=lambda g: (g.learner, g.result.lab)), args.out)
     except ValueError as exc:  # e.g. two results for one learner and lab
-        console.print(f"[red]reports not written:[/red] {escape(str(exc))}")
+        console.print(f"[red]reports not written:[/red] {safe(str(exc))}")
         return 1
-    console.print(f"[dim]results: {escape(str(args.out))}/<name>.json; reports for the {len(graded)} results "
-                  "there: gradebook.csv, junit.xml, summary.html, feedback/, gradescope/[/dim]")
+    console.print(f"[dim]results: {safe(args.out)}/<name>.json; reports for the {len(graded)} "
+                  "results there: gradebook.csv, junit.xml, summary.html, feedback/, gradescope/[/dim]")
     below = [sub for sub, r, _ in results if args.fail_under is not None
              and 100 * r.score < args.fail_under * r.runnable_max_score]
     for sub in below:
-        console.print(f"[red]below --fail-under {args.fail_under:g}%:[/red] {escape(str(sub.path))}")
+        console.print(f"[red]below --fail-under {args.fail_under:g}%:[/red] {safe(sub.path)}")
     if any(r.error for _, r, _ in results):
         return 1
     return 3 if below else 0
@@ -145,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args, console)
     except GraderError as exc:
-        Console(stderr=True, soft_wrap=True, emoji=False).print(f"[red]error:[/red] {escape(str(exc))}")
+        Console(stderr=True, soft_wrap=True, emoji=False).print(
+            f"[red]error:[/red] {safe(str(exc))}")
         return exc.exit_code
 
 

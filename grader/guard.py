@@ -35,11 +35,13 @@ from pathlib import Path
 
 #: the file (in the kernel's working folder) through which the grader hands over the run's key
 KEY_FILE = ".grader-key"
-#: library modules whose public names the checks rely on; a learner may add names, not replace them
+#: library modules whose names the checks rely on (public ones, all in ``WATCHED_WHOLE``), and
+#: the attributes of the classes they define; a learner may add names, not replace them
 WATCHED_MODULES = ("builtins", "math", "operator", "functools", "itertools", "collections",
-                   "hmac", "json", "torch", "torch.testing", "torch.autograd",
-                   "torch.autograd.graph", "torch.nn.functional", "torch.func", "torch.library",
-                   "numpy", "IPython.display")
+                   "hmac", "json", "torch", "torch.testing", "torch.testing._comparison",
+                   "torch.autograd", "torch.autograd.graph", "torch.nn.functional", "torch.func",
+                   "torch.library", "numpy", "IPython.display")
+WATCHED_WHOLE = ("builtins", "torch.testing._comparison")  # what assert_close runs
 #: names the kernel itself rebinds as it runs (ipykernel's ``input`` per request, ``_`` results)
 KERNEL_OWNED = {"builtins._", "builtins.input", "builtins.__", "builtins.___"}
 
@@ -81,8 +83,9 @@ def _course_modules(lab_id: str) -> list[tuple[str, object]]:
 
 
 def _entries(lab_id: str, _course_modules=_course_modules) -> dict[str, tuple[object, object]]:
-    """What is watched: every global of the course's modules, the public names of the library
-    modules, and torch.Tensor's own attributes (plus its comparison and truth dunders)."""
+    """What is watched: every global of the course's modules, the names of the library modules
+    (public ones, or all in WATCHED_WHOLE) and the attributes of the classes they define, and
+    torch.Tensor's own attributes (plus its comparison and truth dunders)."""
     out: dict[str, tuple[object, object]] = {}
     for name, module in _course_modules(lab_id):
         for attr, value in list(vars(module).items()):
@@ -90,9 +93,13 @@ def _entries(lab_id: str, _course_modules=_course_modules) -> dict[str, tuple[ob
     for name in WATCHED_MODULES:
         module = sys.modules.get(name)
         for attr, value in list(vars(module).items()) if module else ():
-            if (not attr.startswith("_") or name == "builtins") and \
-                    f"{name}.{attr}" not in KERNEL_OWNED:
-                out[f"{name}.{attr}"] = (value, getattr(value, "__code__", None))
+            if (attr.startswith("_") and name not in WATCHED_WHOLE) or \
+                    f"{name}.{attr}" in KERNEL_OWNED:
+                continue
+            out[f"{name}.{attr}"] = (value, getattr(value, "__code__", None))
+            if isinstance(value, type) and getattr(value, "__module__", None) == name:
+                for cattr, cvalue in list(vars(value).items()):
+                    out[f"{name}.{attr}.{cattr}"] = (cvalue, getattr(cvalue, "__code__", None))
     torch = sys.modules.get("torch")
     if torch is not None:
         for attr, value in list(vars(torch.Tensor).items()):
@@ -161,6 +168,7 @@ def arm(lab_id: str) -> None:
     path.unlink()
     if importlib.util.find_spec("torch") is not None:
         import torch  # noqa: F401  (snapshot torch before any learner code could patch it)
+        import torch.testing._comparison  # noqa: F401
     lab = load_lab(lab_id)
     registry = {e.id: tuple(checks.checks_for(e.id)) for e in lab.exercises}
     snap = Snapshot(_entries(lab_id), registry, set(threading.enumerate()),

@@ -1,15 +1,27 @@
 """Human-readable views of a :class:`LabResult` (pure functions of it).
 
 Everything a submission controls (paths, learner names, messages, notes, errors) goes through
-``escape`` before it reaches rich, whose markup would otherwise read ``[/bold]`` in a file name
-or an exception message as a tag (and raise on an unmatched one)."""
+:func:`safe` before it reaches rich, whose markup would otherwise read ``[/bold]`` in a file name
+or an exception message as a tag (and raise on an unmatched one), and whose console would pass
+an escape sequence (clear the screen, retitle the window) on to the terminal."""
 from __future__ import annotations
+
+import re
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from grader.results import LabResult
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def safe(text: object) -> str:
+    """``text`` as literal console text: rich markup escaped, control characters (ESC and the
+    like, but not newline or tab) shown as ``\\x1b`` instead of sent to the terminal."""
+    return escape(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text)))
+
 
 STYLE = {"passed": "green", "failed": "red", "error": "red", "timeout": "yellow",
          "crashed": "magenta", "skipped": "dim"}
@@ -19,7 +31,7 @@ def table(result: LabResult) -> Table:
     """A per-exercise table with the score over the whole lab and over what could run; the
     messages of exercises that did not pass follow the table (see :func:`print_result`)."""
     env = result.environment
-    t = Table(title=escape(f"{result.lab} — {result.notebook}"),
+    t = Table(title=safe(f"{result.lab} — {result.notebook}"),
               caption=(f"score {result.score:g}/{result.max_score:g} "
                        f"(over what could run here: {result.score:g}/{result.runnable_max_score:g})"
                        f" · seed {env.seed} · {env.device} · torch {env.torch_version}"
@@ -43,12 +55,12 @@ def print_result(result: LabResult, console: Console) -> None:
     for e in result.exercises:
         if e.status != "passed":
             console.print(f"[{STYLE[e.status]}]{e.status}[/] [bold]{e.id}[/bold]: "
-                          f"{escape(e.message)}",
+                          f"{safe(e.message)}",
                           highlight=False)
     for note in result.notes:
-        console.print(f"[dim]note:[/dim] {escape(note)}", highlight=False)
+        console.print(f"[dim]note:[/dim] {safe(note)}", highlight=False)
     if result.error:
-        console.print(f"[red]grading error:[/red] {escape(result.error)}", highlight=False)
+        console.print(f"[red]grading error:[/red] {safe(result.error)}", highlight=False)
 
 
 def summary_table(results) -> Table:
@@ -63,9 +75,9 @@ def summary_table(results) -> Table:
             counts[e.status] = counts.get(e.status, 0) + 1
         statuses = " ".join(f"[{STYLE[s]}]{counts[s]} {s}[/]" for s in STYLE if s in counts)
         if r.error:
-            statuses = f"[red]not graded: {escape(r.error)}[/]"
-        t.add_row(escape(sub.learner), r.lab,
-                  escape(str(sub.path)) + (" [dim](reused)[/dim]" if reused else ""),
+            statuses = f"[red]not graded: {safe(r.error)}[/]"
+        t.add_row(safe(sub.learner), r.lab,
+                  safe(str(sub.path)) + (" [dim](reused)[/dim]" if reused else ""),
                   f"{r.score:g}/{r.max_score:g}", f"{r.score:g}/{r.runnable_max_score:g}",
                   statuses)
     return t

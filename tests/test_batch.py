@@ -136,9 +136,12 @@ def test_markup_in_paths_and_contents_is_printed_as_text(tmp_path, capsys):
     (subs / "[/bold] mallory" / "90_toy.ipynb").write_text("[/bold] [red]x")
     (subs / "root:x:0:0").mkdir()
     (subs / "root:x:0:0" / "90_toy.ipynb").write_text("[/red]")
+    (subs / "\x1b]0;title\x07\x1b[2J").mkdir()
+    (subs / "\x1b]0;title\x07\x1b[2J" / "90_toy.ipynb").write_text("x")
     assert main(["grade", str(subs), "--out", str(tmp_path / "out"), "--device", "cpu"]) == 1
     out = "".join(capsys.readouterr().out.split())  # rich wraps lines at 80 columns here
     assert "[/bold]mallory" in out and "root:x:0:0" in out
+    assert "\x1b" not in out and "\\x1b]0;title\\x07\\x1b[2J" in out
     assert (tmp_path / "out" / "gradebook.csv").is_file()
 
 

@@ -281,6 +281,15 @@ grader.guard.strays = lambda: ([], [])
 grader.guard._same = lambda *args: True
 '''
 
+_PATCH_TORCH_INTERNALS = '''
+_honest = {name}
+def {name}(*args, **kwargs):
+    return {k: torch.zeros_like(v) for k, v in _honest(*args, **kwargs).items()}
+import torch.testing._comparison as _comparison
+_comparison.TensorLikePair.compare = lambda self: None
+_comparison.not_close_error_metas = lambda *args, **kwargs: []
+'''
+
 _PATCH_RUN_CHECKS = '''
 import grader.selfcheck, grader.checks
 grader.selfcheck.run_checks = lambda ex, answer, **kw: grader.checks.Verdict(
@@ -354,6 +363,9 @@ FIXTURES = [
     Fixture("patched-torch", "torch.allclose / assert_close patched to pass wrong answers", A,
             after(A, "per-sample-grads", _WRONG_GRADS),
             {"per-sample-grads": ("error", "the notebook replaced `torch.allclose`")}),
+    Fixture("patched-torch-internals", "what assert_close runs patched (no grader knowledge)", A,
+            after(A, "per-sample-grads", _PATCH_TORCH_INTERNALS),
+            {"per-sample-grads": ("error", "`torch.testing._comparison.not_close_error_metas`")}),
     Fixture("patched-grader", "the grader's run_checks replaced from an answer", D,
             after(D, "privateuse1", _PATCH_RUN_CHECKS),
             {"privateuse1": ("error", "the notebook replaced `grader.selfcheck.run_checks`")}),

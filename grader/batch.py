@@ -3,7 +3,8 @@ kernel and working folder), and skip the ones already graded unchanged (resume).
 
 Learners are identified from the path: ``submissions/<learner>/...`` (a folder per learner,
 whatever the files are called) or ``<learner>_<NN_lab>.ipynb`` / ``<learner>_<lab>.ipynb`` (a
-flat folder); any other file name is its own learner. The lab comes from the notebook's metadata (or its file name).
+flat folder; the marks copies add, ``-Copy1``, ``Copy of``, `` (2)``, are ignored); any other
+file name is its own learner. The lab comes from the notebook (see :func:`grader.labs.lab_of`).
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from typing import Callable, Iterator
 
 from grader.errors import GraderError
 from grader.grade import fingerprint, grade_notebook, record_failure
-from grader.labs import lab_ids
+from grader import notebook
+from grader.labs import lab_ids, lab_of, load_lab, plain_stem
 from grader.results import LabResult
 
 
@@ -36,14 +38,14 @@ def learner_of(path: Path, root: Path | None = None) -> str:
     """Who submitted ``path``: when ``path`` lies in a folder under the searched folder
     ``root``, that folder (``root/<learner>/...``, whatever the file is called); else the folder
     of ``<learner>/<NN_lab>.ipynb``, the prefix of ``<learner>_<NN_lab>.ipynb`` or
-    ``<learner>_<lab>.ipynb``, else the file's stem."""
+    ``<learner>_<lab>.ipynb``, else the file's stem (copy marks removed: :func:`plain_stem`)."""
     if root is not None and len(parts := path.relative_to(root).parts) > 1:
         return parts[0]
-    stem = path.stem
+    stem = plain_stem(path.stem)
     for lab in lab_ids():
-        if re.fullmatch(rf"\d+_{re.escape(lab)}", stem):
+        if re.fullmatch(rf"(?:\d+_)?{re.escape(lab)}", stem, re.IGNORECASE):
             return path.parent.name or stem
-        if m := re.fullmatch(rf"(.+?)[ _-]+(?:\d+_)?{re.escape(lab)}", stem):
+        if m := re.fullmatch(rf"(.+?)[ _-]+(?:\d+_)?{re.escape(lab)}", stem, re.IGNORECASE):
             return m.group(1)
     return stem
 
@@ -82,6 +84,23 @@ def find_submissions(paths: list[str]) -> list[Submission]:
     return subs
 
 
+def assigned_lab(subs: list[Submission], labs: list[str] | None = None) -> str | None:
+    """The one lab a batch assigns, if there is one: the only lab of ``labs`` (``--labs``); or,
+    when ``labs`` is None, the only lab among the submissions that say which lab they are.
+    Raises GraderError for a lab in ``labs`` that does not exist."""
+    for lab in labs or ():
+        load_lab(lab)
+    if labs is not None:
+        return labs[0] if len(labs) == 1 else None
+    found = set()
+    for sub in subs:
+        try:
+            found.add(lab_of(notebook.read(sub.path), sub.path))
+        except GraderError:  # unreadable, or no lab: it says nothing about the batch
+            continue
+    return found.pop() if len(found) == 1 else None
+
+
 def previous(out_dir: Path, sub: Submission, print_: str,
              seed: int | None = None) -> LabResult | None:
     """The result already in ``out_dir`` for ``sub`` if it has fingerprint ``print_`` (and, when
@@ -97,24 +116,27 @@ def previous(out_dir: Path, sub: Submission, print_: str,
 
 
 def _grade_one(sub: Submission, out_dir: Path, device: str, seed: int,
-               timeout: float | None) -> LabResult:
+               timeout: float | None, assigned: str | None) -> LabResult:
     return grade_notebook(sub.path, out_dir, device=device, seed=seed, timeout=timeout,
-                          name=sub.name, learner=sub.learner)
+                          name=sub.name, learner=sub.learner, assigned=assigned)
 
 
 def grade_all(subs: list[Submission], out_dir: Path, *, device: str, seed: int,
               timeout: float | None, jobs: int = 1, force: bool = False,
-              same_seed: bool = False,
+              same_seed: bool = False, assigned: str | None = None,
               on_outcome: Callable | None = None) -> Iterator[tuple[Submission, LabResult, bool]]:
     """Grade ``subs``, yielding ``(submission, result, reused)`` as each finishes (in completion
     order; callers sort). A submission whose result in ``out_dir`` has the same fingerprint is
-    reused unless ``force`` (with ``same_seed``, only if it was graded with ``seed`` too). ``jobs`` > 1 grades in that many worker processes, each notebook in
-    its own kernel and temporary folder; ``on_outcome`` (per exercise) is called only when
-    grading runs in this process (one job, or one notebook to grade)."""
+    reused unless ``force`` (with ``same_seed``, only if it was graded with ``seed`` too).
+    ``jobs`` > 1 grades in that many worker processes, each notebook in its own kernel and
+    temporary folder; ``assigned`` is the lab the batch assigns (see :func:`assigned_lab`);
+    ``on_outcome`` (per exercise) is called only when grading runs in this process (one job,
+    or one notebook to grade)."""
     todo = []
     for sub in subs:
         old = None if force else previous(out_dir, sub, fingerprint(
-            sub.path, device=device, timeout=timeout), seed if same_seed else None)
+            sub.path, device=device, timeout=timeout, assigned=assigned),
+            seed if same_seed else None)
         if old is not None:
             yield sub, old, True
         else:
@@ -123,23 +145,23 @@ def grade_all(subs: list[Submission], out_dir: Path, *, device: str, seed: int,
         for sub in todo:
             yield sub, grade_notebook(sub.path, out_dir, device=device, seed=seed,
                                       timeout=timeout, name=sub.name, learner=sub.learner,
-                                      on_outcome=on_outcome), False
+                                      assigned=assigned, on_outcome=on_outcome), False
         return
     # A submission can kill the worker grading it (its kernel runs as the same user), which
     # breaks the whole pool: the notebooks it took down are graded again, each in a pool of
     # its own, so only the one that did it is recorded as not graded.
-    broken = yield from _in_pool(todo, out_dir, device, seed, timeout, jobs)
+    broken = yield from _in_pool(todo, out_dir, device, seed, timeout, assigned, jobs)
     for sub in broken:
-        yield from _in_pool([sub], out_dir, device, seed, timeout, 1, last_try=True)
+        yield from _in_pool([sub], out_dir, device, seed, timeout, assigned, 1, last_try=True)
 
 
 def _in_pool(subs: list[Submission], out_dir: Path, device: str, seed: int,
-             timeout: float | None, jobs: int, last_try: bool = False):
+             timeout: float | None, assigned: str | None, jobs: int, last_try: bool = False):
     """Grade ``subs`` in a pool of ``jobs`` spawned workers, yielding ``(sub, result, False)``;
     return the submissions lost to a broken pool (recorded as not graded when ``last_try``)."""
     lost = []
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(_grade_one, sub, out_dir, device, seed, timeout): sub
+        futures = {pool.submit(_grade_one, sub, out_dir, device, seed, timeout, assigned): sub
                    for sub in subs}
         for future in as_completed(futures):
             sub = futures[future]
@@ -151,6 +173,7 @@ def _in_pool(subs: list[Submission], out_dir: Path, device: str, seed: int,
                     continue
                 result = record_failure(
                     sub.path, out_dir, name=sub.name, learner=sub.learner, device=device,
-                    seed=seed, reason=f"the grading worker died: {type(exc).__name__}: {exc}")
+                    seed=seed, reason=f"the grading worker died: {type(exc).__name__}: {exc}",
+                    assigned=assigned)
             yield sub, result, False
     return lost

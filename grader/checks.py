@@ -185,6 +185,110 @@ def _clip(text: str) -> str:
     return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3] + "..."
 
 
+def state_changes() -> list[str]:
+    """How torch's global state in this process differs from torch's defaults, in words (empty
+    when it does not, or torch is not loaded): grad mode, inference mode, default dtype and
+    device, deterministic algorithms, anomaly detection, autocast, and Python modes left active.
+    (torch/csrc/autograd/grad_mode.h: GradMode; c10/core/InferenceMode.h: InferenceMode;
+    torch/__init__.py: set_default_dtype, set_default_device, use_deterministic_algorithms.)"""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return []
+    found = []
+    if torch.is_inference_mode_enabled():
+        found.append("inference mode is on (torch.inference_mode() entered and not left)")
+    elif not torch.is_grad_enabled():
+        found.append("grad mode is off (torch.set_grad_enabled(False), or torch.no_grad() "
+                     "entered and not left)")
+    if (dtype := torch.get_default_dtype()) != torch.float32:
+        found.append(f"the default dtype is {dtype} (torch.set_default_dtype or "
+                     "set_default_tensor_type)")
+    if (device := torch.get_default_device()).type != "cpu":
+        found.append(f"the default device is {device} (torch.set_default_device)")
+    if torch.are_deterministic_algorithms_enabled():
+        found.append("deterministic algorithms are on (torch.use_deterministic_algorithms)")
+    if torch.is_anomaly_enabled():
+        found.append("anomaly detection is on (torch.autograd.set_detect_anomaly)")
+    for kind in ("cpu", "cuda"):
+        if torch.is_autocast_enabled(kind):
+            found.append(f"autocast is on for {kind} (torch.autocast entered and not left)")
+    modes = [type(m).__name__ for m in _function_modes(torch)
+             if type(m).__name__ != "DeviceContext"]  # (that one is the default device)
+    modes += [type(m).__name__ for m in _dispatch_modes(torch)]
+    if modes:
+        found.append(f"Python modes are active ({', '.join(modes)}: a mode's __enter__ without "
+                     "its __exit__)")
+    return found
+
+
+def _function_modes(torch) -> list:
+    from torch.overrides import _get_current_function_mode_stack
+
+    return list(_get_current_function_mode_stack())
+
+
+def _dispatch_modes(torch) -> list:
+    if not torch._C._len_torch_dispatch_stack():
+        return []
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return list(_get_current_dispatch_mode_stack())
+
+
+@contextlib.contextmanager
+def _no_function_modes(torch):
+    """Pop every TorchFunctionMode (the default device's DeviceContext too); push them back."""
+    popped = [torch._C._pop_torch_function_stack()
+              for _ in range(torch._C._len_torch_function_stack())]
+    try:
+        yield
+    finally:
+        for mode in reversed(popped):
+            torch._C._push_on_torch_function_stack(mode)
+
+
+@contextlib.contextmanager
+def torch_defaults():
+    """Run the body under torch's default global state, whatever the notebook set before:
+    grad mode on, inference mode off, default dtype float32 and device cpu, deterministic
+    algorithms, anomaly detection and autocast off, no TorchFunctionMode or TorchDispatchMode
+    active. The notebook's state is restored on exit. Checks are written for this state; the
+    guard compares torch with its snapshot under it (torch rebinds ``torch.Storage`` itself
+    when the default dtype changes). A no-op when torch is not loaded."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
+    dtype = torch.get_default_dtype()
+    deterministic = (torch.are_deterministic_algorithms_enabled(),
+                     torch.is_deterministic_algorithms_warn_only_enabled())
+    autocast = {kind: torch.is_autocast_enabled(kind) for kind in ("cpu", "cuda")}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_no_function_modes(torch))
+        if torch._C._len_torch_dispatch_stack():
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            stack.enter_context(_disable_current_modes())
+        stack.enter_context(torch.inference_mode(False))
+        stack.enter_context(torch.enable_grad())
+        stack.enter_context(torch.autograd.set_detect_anomaly(False))
+        try:  # (only what differs is set: use_deterministic_algorithms alone costs ~10 ms)
+            if dtype != torch.float32:
+                torch.set_default_dtype(torch.float32)
+            if deterministic[0]:
+                torch.use_deterministic_algorithms(False)
+            for kind in (kind for kind, on in autocast.items() if on):
+                torch.set_autocast_enabled(kind, False)
+            yield
+        finally:
+            if dtype != torch.float32:
+                torch.set_default_dtype(dtype)
+            if deterministic[0]:
+                torch.use_deterministic_algorithms(True, warn_only=deterministic[1])
+            for kind in (kind for kind, on in autocast.items() if on):
+                torch.set_autocast_enabled(kind, True)
+
+
 @contextlib.contextmanager
 def _seeded_rng(seed: int):
     """Fork torch's global CPU RNG and seed it, if torch is loaded (checks that never touch torch
@@ -203,6 +307,20 @@ def run_checks(exercise_id: str, answer: Any, *, seed: int = 0, device: str = "c
     """Run the checks of ``exercise_id`` on ``answer`` and return a Verdict; never raises for a
     wrong or broken answer (only for a lab with no checks: LookupError)."""
     checks = checks_for(exercise_id, hidden=hidden)
+    changed = state_changes()
+    with torch_defaults():
+        v = _run(exercise_id, checks, answer, seed, device)
+    if changed and v.status != "passed":
+        note = (f" Note: your notebook had changed torch's global state ({'; '.join(changed)}). "
+                "The checks ran with torch's defaults, but your own cells ran under your "
+                "settings: undo them (or use a `with` block) if your answer depends on them.")
+        text = v.message[: MAX_MESSAGE_CHARS - len(note) - 3].rstrip()
+        text += "..." if len(text) < len(v.message) else ""
+        v = Verdict(v.exercise, v.status, text + note, v.passed, v.total, v.seed)
+    return v
+
+
+def _run(exercise_id: str, checks: list[Check], answer: Any, seed: int, device: str) -> Verdict:
     ctx = CheckContext(seed=seed, device=device)
     for done, chk in enumerate(checks):
         label = f"{'hidden ' if chk.hidden else ''}check {done + 1}/{len(checks)} '{chk.name}' (seed {seed})"

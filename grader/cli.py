@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -11,7 +12,52 @@ from grader import __version__
 from grader.errors import GraderError
 from grader.report import STYLE, print_result, safe, summary_table
 
-DEFAULT_OUT = Path("build/grades")
+#: the folder under which ``--out`` defaults to one folder per use (see :func:`default_out`)
+OUT_ROOT = Path("build/grades")
+
+GRADE_EPILOG = """\
+what is written in --out:
+  <name>.json             the result (schema grader/result.schema.json): lab, learner, score,
+                          per-exercise status, points and message, environment, notes
+  <name>.executed.ipynb   the notebook as graded, with outputs
+  gradebook.csv           one row per learner, one column per exercise, totals
+  junit.xml               one testcase per exercise, for CI dashboards
+  summary.html            the class: statistics and histograms per lab and exercise
+  feedback/<name>.md|html per-submission feedback for the learner
+  gradescope/<name>.json  Gradescope's results.json
+  The reports cover every result in --out whose notebook still exists.
+
+naming: learners come from the path: <searched folder>/<learner>/..., or
+  <learner>_<NN_lab>.ipynb in a flat folder. <name> is the notebook's stem when it starts
+  with the learner's name (alice_02_autograd), else <learner>-<stem> (alice-02_autograd for
+  alice/02_autograd.ipynb); a later clash gets -2, -3...
+
+exit codes: 0 graded, 1 a notebook could not be graded, 2 bad arguments, 3 --fail-under
+"""
+
+
+def default_out(paths: list[str]) -> Path:
+    """``build/grades/<folder>``: the folder graded, or the folder holding the notebook graded
+    (the first PATH), so the reference solutions, a learner's work and a class's submissions
+    each get their own results and reports."""
+    first = Path(paths[0]).absolute()
+    folder = first if first.is_dir() else first.parent
+    return OUT_ROOT / (folder.name or "root")
+
+
+def _labs(text: str) -> list[str]:
+    """``--labs autograd,dispatcher`` -> the lab ids (each must exist)."""
+    from grader.labs import load_lab
+
+    labs = [lab.strip() for lab in text.split(",") if lab.strip()]
+    try:
+        for lab in labs:
+            load_lab(lab)
+    except GraderError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    if not labs:
+        raise argparse.ArgumentTypeError("name at least one lab")
+    return labs
 
 
 def cmd_release(args, console: Console) -> int:
@@ -29,13 +75,15 @@ def cmd_grade(args, console: Console) -> int:
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                TimeElapsedColumn, TimeRemainingColumn)
 
-    from grader.batch import find_submissions, grade_all
+    from grader.batch import assigned_lab, find_submissions, grade_all
     from grader.exports import load_graded, write_reports
     from grader.grade import new_seed, resolve_device
 
     device = resolve_device(args.device)
     seed = new_seed() if args.seed is None else args.seed
     subs = find_submissions(args.paths)
+    args.out = args.out or default_out(args.paths)
+    assigned = assigned_lab(subs, args.labs)
     console.print(f"grading {len(subs)} notebook(s) on {device}, seed {seed}, "
                   f"{args.jobs} job(s) -> {safe(str(args.out))}")
 
@@ -51,7 +99,7 @@ def cmd_grade(args, console: Console) -> int:
         task = bar.add_task("grading", total=len(subs))
         for sub, result, reused in grade_all(
                 subs, args.out, device=device, seed=seed, timeout=args.timeout, jobs=args.jobs,
-                force=args.force, same_seed=args.seed is not None,
+                force=args.force, same_seed=args.seed is not None, assigned=assigned,
                 on_outcome=progress if len(subs) == 1 else None):
             done[sub] = (result, reused)
             bar.advance(task)
@@ -66,22 +114,21 @@ def cmd_grade(args, console: Console) -> int:
     if len(subs) == 1:
         print_result(results[0][1], console)
     else:
-        console.print(summary_table(results))
-    # The reports cover every result in the folder, so regrading one learner keeps the class.
-    graded = []
-    for path in sorted(args.out.glob("*.json")):
-        try:
-            graded.append(load_graded(path))
-        except (OSError, ValueError, KeyError, TypeError):
-            console.print(f"[yellow]not a result, left out of the reports:[/yellow] "
-                          f"{safe(str(path))}")
+        console.print(summary_table(results, expand=console.is_terminal))
+    graded = _results_to_report(args, console)
+    assigned_max = None
+    if args.labs:
+        from grader.labs import load_lab
+
+        assigned_max = {lab: load_lab(lab).max_score for lab in args.labs}
     try:
-        write_reports(sorted(graded, key=lambda g: (g.learner, g.result.lab)), args.out)
+        write_reports(graded, args.out, assigned_max)
     except ValueError as exc:  # e.g. two results for one learner and lab
         console.print(f"[red]reports not written:[/red] {safe(str(exc))}")
         return 1
-    console.print(f"[dim]results: {safe(args.out)}/<name>.json; reports for the {len(graded)} "
-                  "results there: gradebook.csv, junit.xml, summary.html, feedback/, gradescope/[/dim]")
+    console.print(f"[dim]results: {safe(args.out)}/<name>.json; reports for {len(graded)} "
+                  "result(s) there: gradebook.csv, junit.xml, summary.html, feedback/, "
+                  "gradescope/[/dim]")
     below = [sub for sub, r, _ in results if args.fail_under is not None
              and 100 * r.score < args.fail_under * r.runnable_max_score]
     for sub in below:
@@ -89,6 +136,34 @@ def cmd_grade(args, console: Console) -> int:
     if any(r.error for _, r, _ in results):
         return 1
     return 3 if below else 0
+
+
+def _results_to_report(args, console: Console) -> list:
+    """The results in ``--out`` the reports cover, sorted by learner and lab: every result there
+    (so grading one late learner into the class's folder keeps the class), except a result
+    whose notebook no longer exists (a deleted or renamed hand-in: unless ``--keep-missing``)
+    and, with ``--labs``, one of another lab. Each one left out is named on the console."""
+    from grader.exports import load_graded
+
+    graded = []
+    for path in sorted(args.out.glob("*.json")):
+        try:
+            g = load_graded(path)
+        except (OSError, ValueError, KeyError, TypeError):
+            console.print(f"[yellow]not a result, left out of the reports:[/yellow] "
+                          f"{safe(str(path))}")
+            continue
+        if not args.keep_missing and not Path(g.result.notebook).exists():
+            console.print(f"[yellow]submission gone, its result left out of the reports:"
+                          f"[/yellow] {safe(path.name)} (graded from {safe(g.result.notebook)}, "
+                          "which no longer exists; --keep-missing counts it)")
+            continue
+        if args.labs and g.result.exercises and g.result.lab not in args.labs:
+            console.print(f"[yellow]lab {safe(g.result.lab)} is not among --labs, its result "
+                          f"left out of the reports:[/yellow] {safe(path.name)}")
+            continue
+        graded.append(g)
+    return sorted(graded, key=lambda g: (g.learner, g.result.lab))
 
 
 def _number(kind, low, high=None, what=""):
@@ -113,10 +188,18 @@ def build_parser() -> argparse.ArgumentParser:
     rel.add_argument("--root", type=Path, default=Path("."), help="course root (default: .)")
     rel.set_defaults(func=cmd_release)
 
-    grade = sub.add_parser("grade", help="grade notebooks (files or folders of .ipynb)")
-    grade.add_argument("paths", nargs="+", metavar="PATH")
-    grade.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                       help=f"folder for <stem>.json results (default: {DEFAULT_OUT})")
+    grade = sub.add_parser("grade", help="grade notebooks (files or folders of .ipynb)",
+                           epilog=GRADE_EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    grade.add_argument("paths", nargs="+", metavar="PATH",
+                       help="notebooks, or folders searched recursively for them")
+    grade.add_argument("--out", type=Path, default=None,
+                       help=f"folder for the results and reports (default: {OUT_ROOT}/<the "
+                       "folder graded, or the folder of the notebook graded>)")
+    grade.add_argument("--labs", type=_labs, default=None, metavar="LAB[,LAB...]",
+                       help="the labs the class was assigned: each learner's maximum is over "
+                       "these labs (default: the labs among the results); a notebook that "
+                       "does not say its lab is graded as the only one, if one")
     grade.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
     grade.add_argument("--seed", type=int, default=None,
                        help="seed for the hidden checks (default: a fresh random one, reported)")
@@ -124,11 +207,15 @@ def build_parser() -> argparse.ArgumentParser:
                        default=None,
                        help="seconds per exercise, overriding the lab table")
     grade.add_argument("--jobs", type=_number(int, 1, what="a number of jobs (1 or more)"),
-                       default=1,
-                       help="notebooks graded at once, each in its own kernel (default: 1)")
+                       default=os.cpu_count() or 1,
+                       help="notebooks graded at once, each in its own kernel (default: the "
+                       f"number of CPU cores, {os.cpu_count() or 1} here)")
     grade.add_argument("--force", action="store_true",
                        help="grade again even what is unchanged since its result in --out "
                        "(a result is reused only with the same --seed, when one is given)")
+    grade.add_argument("--keep-missing", action="store_true",
+                       help="count results in --out whose notebook no longer exists (a deleted "
+                       "or renamed hand-in); by default they are named and left out")
     grade.add_argument("--fail-under", type=_number(float, 0, 100, "a percentage (0 to 100)"),
                        default=None, metavar="PCT",
                        help="exit 3 when a score is below PCT%% of what could run here")
@@ -140,13 +227,22 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code: 0 graded, 1 some notebook could not be graded (or
     notebooks/ is stale), 2 bad arguments, 3 a score below ``--fail-under``."""
     args = build_parser().parse_args(argv)
-    console = Console(emoji=False)  # ":x:" in a learner's path is text, not an emoji
+    console = make_console()
     try:
         return args.func(args, console)
     except GraderError as exc:
-        Console(stderr=True, soft_wrap=True, emoji=False).print(
-            f"[red]error:[/red] {safe(str(exc))}")
+        make_console(stderr=True).print(f"[red]error:[/red] {safe(str(exc))}", soft_wrap=True)
         return exc.exit_code
+
+
+def make_console(stderr: bool = False) -> Console:
+    """The CLI's console: ``:x:`` in a learner's path is text, not an emoji; into a file or a
+    pipe, lines are written whole (never wrapped mid-word, paths never cut), as tables are
+    (at their natural width)."""
+    console = Console(emoji=False, stderr=stderr)
+    if console.is_terminal:
+        return console
+    return Console(emoji=False, stderr=stderr, soft_wrap=True, width=100_000)
 
 
 if __name__ == "__main__":

@@ -188,10 +188,14 @@ class Outcome:
 
 
 def parts(nb: NotebookNode) -> list[Part]:
-    """Cut ``nb`` into parts at its grade cells (code cells only)."""
+    """Cut ``nb`` into parts at its grade cells (code cells only). The grader's prologue is a
+    part of its own: its time does not count against the first exercise's limit."""
     out, current = [], Part(None)
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
+            continue
+        if notebook.role(cell) == "prologue":
+            out.append(Part(None, [i]))
             continue
         current.cells.append(i)
         if notebook.role(cell) == "grade":

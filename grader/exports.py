@@ -3,7 +3,7 @@ atomically so that an interrupted run never leaves a half-written report.
 
 - :func:`write_gradebook_csv`: one row per learner, one column per exercise, totals;
 - :func:`feedback_markdown`, :func:`feedback_html`: per-submission feedback with the relevant
-  outputs of the learner's answer cells (never the grader's check cells or tracebacks);
+  outputs of the learner's answer cells and added cells (never the grader's cells or tracebacks);
 - :func:`write_junit_xml`: one testsuite per (learner, lab), one testcase per exercise;
 - :func:`gradescope_results`, :func:`write_gradescope_json`: Gradescope's ``results.json``
   (the subset described by ``grader/gradescope.schema.json``);
@@ -26,11 +26,12 @@ import json
 import math
 import re
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
 import jinja2
+from markupsafe import Markup, escape
 
 from grader import notebook
 from grader.errors import GraderError
@@ -69,8 +70,9 @@ class Graded:
 def load_graded(result_json: Path, learner: str | None = None) -> Graded:
     """The :class:`Graded` for a result JSON written by the grader: name = the file's stem,
     executed = the ``<stem>.executed.ipynb`` beside it if present, learner = ``learner``, or the
-    result's own ``learner``, or the stem. Raises OSError (unreadable), ValueError (not JSON, or not a lab result of this
-    schema version), KeyError/TypeError (a field missing or of the wrong kind)."""
+    result's own ``learner``, or the stem. Raises OSError (unreadable), ValueError (not JSON,
+    or not a lab result of this schema version), KeyError/TypeError (a field missing or of the
+    wrong kind)."""
     result_json = Path(result_json)
     result = LabResult.from_dict(json.loads(result_json.read_text(encoding="utf-8")))
     stem = result_json.name.removesuffix(".json")
@@ -119,7 +121,8 @@ def _check_names(graded: list[Graded]) -> None:
 
 # --------------------------------------------------------------------------- gradebook CSV
 
-def gradebook_rows(graded: list[Graded]) -> tuple[list[str], list[dict[str, str]]]:
+def gradebook_rows(graded: list[Graded], assigned: dict[str, float] | None = None
+                   ) -> tuple[list[str], list[dict[str, str]]]:
     """The gradebook as (columns, rows), one row per learner in first-seen order.
 
     Columns: ``learner``; per lab (first-seen order) each exercise id (its points), then
@@ -127,7 +130,10 @@ def gradebook_rows(graded: list[Graded]) -> tuple[list[str], list[dict[str, str]
     ``runnable_max_score`` (the learner's totals) and ``grading_errors``.
 
     A lab the learner has no result for has empty cells and counts as 0 of that lab's maximum
-    in ``max_score`` and ``runnable_max_score`` (nothing ran, so nothing is excused). Skipped
+    in ``max_score`` and ``runnable_max_score`` (nothing ran, so nothing is excused).
+    ``assigned`` maps the labs the class was assigned to their maximum (points): they are the
+    gradebook's labs, in that order (one with no result at all gets its score columns only),
+    and results of other labs are left out; by default the labs are those among the results. Skipped
     exercises score 0 and count in ``max_score`` but not ``runnable_max_score``. A result with
     no exercises (grading failed before its lab was known) adds only to ``grading_errors``.
     When one learner has several results for one lab, the best counts, and ``grading_errors``
@@ -135,6 +141,10 @@ def gradebook_rows(graded: list[Graded]) -> tuple[list[str], list[dict[str, str]
     labs = _lab_order(graded)
     lab_max = {lab: max(g.result.max_score for g in graded if g.result.lab == lab
                         and g.result.exercises) for lab in labs}
+    if assigned is not None:
+        labs = {lab: labs.get(lab, []) for lab in assigned}
+        lab_max = dict(assigned)
+        graded = [g for g in graded if g.result.lab in assigned or not g.result.exercises]
     columns = ["learner"]
     for lab, exercises in labs.items():
         columns += [eid for eid, _ in exercises] + [f"{lab}:score", f"{lab}:max",
@@ -179,11 +189,12 @@ def gradebook_rows(graded: list[Graded]) -> tuple[list[str], list[dict[str, str]
     return columns, rows
 
 
-def write_gradebook_csv(graded: list[Graded], path: Path) -> Path:
+def write_gradebook_csv(graded: list[Graded], path: Path,
+                        assigned: dict[str, float] | None = None) -> Path:
     """Write :func:`gradebook_rows` as CSV (UTF-8, header row, ``csv`` module quoting) to
     ``path``, atomically; return ``path``. Raises ValueError as :func:`gradebook_rows` does,
     OSError when the folder cannot be written."""
-    columns, rows = gradebook_rows(graded)
+    columns, rows = gradebook_rows(graded, assigned)
     with atomic_open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
@@ -196,19 +207,23 @@ def write_gradebook_csv(graded: list[Graded], path: Path) -> Path:
 
 @dataclass(frozen=True)
 class Output:
-    """One output of an answer cell as feedback shows it: ``kind`` is ``text`` (text/plain or
+    """One output of a learner's cell as feedback shows it: ``kind`` is ``text`` (text/plain or
     stdout), ``stderr``, ``error`` (``ename: evalue``, never the traceback) or ``image``
-    (``png`` is base64, or None when it was too large and ``text`` says so)."""
+    (``png`` is base64, or None when it was too large and ``text`` says so); ``cell`` is ""
+    for the exercise's answer cell, else which cell the learner added it came from
+    (``a cell you added (the code cell starting "...")``)."""
 
     kind: str
     text: str = ""
     png: str | None = None
+    cell: str = ""
 
 
 def _clip(text: str) -> str:
     text = _ANSI.sub("", text).rstrip("\n")
     if len(text) > MAX_TEXT_CHARS:
-        text = text[:MAX_TEXT_CHARS] + f"\n… ({len(text) - MAX_TEXT_CHARS} more characters not shown)"
+        more = len(text) - MAX_TEXT_CHARS
+        text = text[:MAX_TEXT_CHARS] + f"\n… ({more} more characters not shown)"
     return text
 
 
@@ -241,34 +256,63 @@ def _cell_outputs(cell) -> Iterator[Output]:
                 yield Output("text", _clip("".join(text) if isinstance(text, list) else text))
 
 
+def _add_capped(outs: list[Output], new: Iterator[Output]) -> None:
+    """Append the non-empty outputs of one cell to one exercise's ``outs``, within the caps."""
+    for o in new:
+        if o.kind != "image" and not o.text.strip():
+            continue
+        images = sum(p.kind == "image" for p in outs)
+        if len(outs) >= MAX_OUTPUTS or (o.kind == "image" and images >= MAX_IMAGES):
+            if not outs or outs[-1].text != "(more outputs not shown)":
+                outs.append(Output("text", "(more outputs not shown)", cell=o.cell))
+            break
+        outs.append(o)
+
+
 def answer_outputs(executed: Path | None) -> tuple[dict[str, list[Output]], str | None]:
-    """The outputs of the learner's answer cells (metadata ``course.role == "answer"``) in the
-    executed notebook, by exercise id, capped (:data:`MAX_OUTPUTS`, :data:`MAX_IMAGES`,
-    :data:`MAX_TEXT_CHARS`); and a note when there is no notebook to read (None, missing or
-    unreadable), else None. Never reads grade, check or learner-added cells."""
+    """The outputs of the learner's cells in the executed notebook, by exercise id, in notebook
+    order: its answer cells (metadata ``course.role == "answer"``) under their own exercise,
+    and the code cells it added (``course.role == "learner"``) under the exercise whose grade
+    cell comes next, or the last graded exercise when they follow every grade cell (such
+    outputs carry :attr:`Output.cell`; in a notebook with no grade cell they are not shown).
+    Capped per exercise (:data:`MAX_OUTPUTS`, :data:`MAX_IMAGES`, :data:`MAX_TEXT_CHARS`).
+    Also a note when there is no notebook to read (None, missing or unreadable), else None.
+    Never reads grade, check, setup, narrative or other grader cells."""
     if executed is None:
         return {}, "No executed notebook was kept for this submission."
     try:
         nb = notebook.read(executed)
     except GraderError:
         return {}, "The executed notebook could not be read, so its outputs are not shown."
+    cells = [c for c in nb.cells if c.cell_type == "code"]
+    grades = [notebook.exercise_of(c) for c in cells if notebook.role(c) == "grade"]
+    following = next((ex for ex in reversed(grades) if isinstance(ex, str)), None)
+    owner = []  # per cell, the exercise of the next grade cell (or of the last one)
+    for cell in reversed(cells):
+        if notebook.role(cell) == "grade" and isinstance(ex := notebook.exercise_of(cell), str):
+            following = ex
+        owner.append(following)
+    owner.reverse()
     found: dict[str, list[Output]] = {}
-    for cell in nb.cells:
-        if cell.cell_type != "code" or notebook.role(cell) != "answer":
-            continue
-        if not isinstance(ex := notebook.exercise_of(cell), str):
-            continue
-        outs = found.setdefault(ex, [])
-        for o in _cell_outputs(cell):
-            if o.kind != "image" and not o.text.strip():
-                continue
-            images = sum(p.kind == "image" for p in outs)
-            if len(outs) >= MAX_OUTPUTS or (o.kind == "image" and images >= MAX_IMAGES):
-                if not outs or outs[-1].text != "(more outputs not shown)":
-                    outs.append(Output("text", "(more outputs not shown)"))
-                break
-            outs.append(o)
+    for cell, next_graded in zip(cells, owner):
+        ex, outs = notebook.exercise_of(cell), _cell_outputs(cell)
+        if notebook.role(cell) == "answer" and isinstance(ex, str):
+            _add_capped(found.setdefault(ex, []), outs)
+        elif notebook.role(cell) == "learner" and next_graded is not None:
+            label = f"a cell you added ({notebook.describe(cell)})"
+            _add_capped(found.setdefault(next_graded, []), (replace(o, cell=label) for o in outs))
     return found, None
+
+
+def _runs(outs: list[Output]) -> list[tuple[str | None, list[Output]]]:
+    """``outs`` cut into runs from one cell each: (heading, outputs); the heading says which cell
+    (None for a first run from the answer cell, which needs none)."""
+    runs: list[tuple[str | None, list[Output]]] = []
+    for i, o in enumerate(outs):
+        if i == 0 or o.cell != outs[i - 1].cell:
+            runs.append((o.cell or ("your answer cell" if runs else None), []))
+        runs[-1][1].append(o)
+    return runs
 
 
 # --------------------------------------------------------------------------- feedback
@@ -277,26 +321,51 @@ _MD_ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "\\": "\\\\", "*": "\\*",
                "[": "\\[", "]": "\\]"}
 
 
+def _spans(text: str) -> Iterator[tuple[bool, str]]:
+    """``text`` cut into (is_code, part): code spans as CommonMark reads them (a run of
+    backticks up to the next run of as many), backticks included, and the plain text between."""
+    start = i = 0
+    while (i := text.find("`", i)) >= 0:
+        run = len(text) - i - len(text[i:].lstrip("`"))
+        end = re.compile(rf"(?<!`){'`' * run}(?!`)").search(text, i + run)
+        if end is None:  # no closing run: these backticks are plain text
+            i += run
+            continue
+        if start < i:
+            yield False, text[start:i]
+        yield True, text[i:end.end()]
+        start = i = end.end()
+    if start < len(text):
+        yield False, text[start:]
+
+
 def _md(text: object) -> str:
     """Markdown text from plain ``text``: outside code spans ``&``, ``<``, ``>`` become entities
     (so no raw HTML reaches a renderer) and ``\\ * _ [ ]`` are backslash-escaped (so
     ``__torch_dispatch__`` is not bold); code spans (`` `...` ``) are kept as written."""
-    text, out, i = str(text), [], 0
-    while i < len(text):
-        if text[i] == "`":
-            run = len(text[i:]) - len(text[i:].lstrip("`"))
-            fence = "`" * run
-            end = re.compile(rf"(?<!`){fence}(?!`)").search(text, i + run)
-            if end:
-                out.append(text[i:end.end()])
-                i = end.end()
-                continue
-            out.append(fence)
-            i += run
-            continue
-        out.append(_MD_ESCAPES.get(text[i], text[i]))
-        i += 1
-    return "".join(out)
+    return "".join(part if code else "".join(_MD_ESCAPES.get(c, c) for c in part)
+                   for code, part in _spans(str(text)))
+
+
+def _html_code(text: object) -> Markup:
+    """HTML from plain ``text`` with its Markdown code spans (`` `...` ``) as ``<code>``
+    elements; everything else, and the code itself, escaped."""
+    out = []
+    for code, part in _spans(str(text)):
+        if code:
+            part = part.strip("`")  # the fences (the code itself neither starts nor ends with `)
+            if part.startswith(" ") and part.endswith(" ") and part.strip(" "):
+                part = part[1:-1]  # as CommonMark: one space each side lets code touch a `
+            out.append(Markup("<code>%s</code>") % part)
+        else:
+            out.append(escape(part))
+    return Markup("").join(out)
+
+
+def _breakable(text: object) -> Markup:
+    """``text`` escaped, with a line break allowed (``<wbr>``) after each ``. - _ /``, so that
+    an id such as ``autograd.saved-tensor-hooks`` can wrap in a narrow table column."""
+    return Markup("<wbr>").join(escape(p) for p in re.split(r"(?<=[-._/])(?=.)", str(text)))
 
 
 def _md_cell(text: object) -> str:
@@ -327,19 +396,22 @@ _ENV_ARGS = dict(loader=jinja2.PackageLoader("grader", "templates"),
                  undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                  keep_trailing_newline=True)
 _HTML = jinja2.Environment(autoescape=True, **_ENV_ARGS)
+_HTML.filters.update(code=_html_code, breakable=_breakable)
 _MARKDOWN = jinja2.Environment(autoescape=False, **_ENV_ARGS)
 _MARKDOWN.filters.update(md=_md, md_cell=_md_cell, md_item=_md_item, md_code=_md_code,
                          fence=_fence)
 for _env in (_HTML, _MARKDOWN):
     # file_name: learners see their notebook's name, not the folders it was graded from
-    _env.filters.update(num=_num, pct=_pct, file_name=lambda p: Path(p).name)
+    # num1: statistics (means, medians) with at most 1 decimal, as people read them
+    _env.filters.update(num=_num, num1=lambda x: _num(round(float(x), 1)), pct=_pct,
+                        file_name=lambda p: Path(p).name)
 
 
 def _feedback_context(g: Graded) -> dict:
     outputs, note = answer_outputs(g.executed)
     r = g.result
     return {"name": g.name, "learner": g.learner, "r": r, "env": r.environment,
-            "exercises": [(e, outputs.get(e.id, [])) for e in r.exercises],
+            "exercises": [(e, _runs(outputs.get(e.id, []))) for e in r.exercises],
             "problems": [e for e in r.exercises if e.status != "passed"],
             "skipped": sum(e.status == "skipped" for e in r.exercises),
             "any_outputs": any(outputs.get(e.id) for e in r.exercises), "outputs_note": note}
@@ -349,14 +421,17 @@ def feedback_markdown(g: Graded) -> str:
     """Feedback for one submission as Markdown: the score over the whole lab and over what
     could run (with seed, device, torch version), a table of exercises (status, points, time
     in seconds), what to fix for each exercise that did not pass, and the outputs of the
-    learner's answer cells in code blocks (images are only mentioned: see the HTML). Text
-    outside code is entity-escaped, so no raw HTML reaches a Markdown renderer."""
+    learner's answer cells and added cells (:func:`answer_outputs`) in code blocks (images are
+    only mentioned: see the HTML). Text outside code is entity-escaped, so no raw HTML reaches
+    a Markdown renderer."""
     return _MARKDOWN.get_template("feedback.md").render(_feedback_context(g))
 
 
 def feedback_html(g: Graded) -> str:
-    """Feedback for one submission as one self-contained HTML page (everything escaped; PNG
-    images of answer cells embedded as base64): what :func:`feedback_markdown` shows."""
+    """Feedback for one submission as one self-contained HTML page (everything escaped, the
+    Markdown code spans of messages and notes shown as ``<code>``; PNG images of the learner's
+    cells embedded as base64): what :func:`feedback_markdown` shows. Every table sits in a
+    container that scrolls sideways should it not fit the page's column."""
     return _HTML.get_template("feedback.html").render(_feedback_context(g))
 
 
@@ -475,7 +550,8 @@ def write_gradescope_json(result: LabResult, path: Path) -> Path:
 # --------------------------------------------------------------------------- class summary
 
 def _stats(values: list[float]) -> dict:
-    return {"mean": round(statistics.fmean(values), 4), "median": round(statistics.median(values), 4),
+    return {"mean": round(statistics.fmean(values), 4),
+            "median": round(statistics.median(values), 4),
             "min": round(min(values), 4), "max": round(max(values), 4)}
 
 
@@ -569,7 +645,9 @@ def summary_html(graded: list[Graded]) -> str:
     """The class summary (:func:`class_summary`) as one self-contained HTML page: per lab, the
     score statistics over the whole lab and over what could run, a histogram of lab scores
     (an embedded base64 PNG), per-exercise statistics, and one row per submission linking to
-    its feedback at ``feedback/<name>.html`` (the layout :func:`write_reports` writes).
+    its feedback at ``feedback/<name>.html`` (the layout :func:`write_reports` writes). Means
+    and medians are shown with at most 1 decimal (the JSON of :func:`class_summary` keeps 4);
+    every table sits in a container that scrolls sideways should it not fit the page's column.
     Raises ValueError for an empty list."""
     summary = class_summary(graded)
     images = {lab: base64.b64encode(histogram_png(lab, s)).decode("ascii")
@@ -580,10 +658,12 @@ def summary_html(graded: list[Graded]) -> str:
 
 # --------------------------------------------------------------------------- everything
 
-def write_reports(graded: list[Graded], out_dir: Path) -> list[Path]:
+def write_reports(graded: list[Graded], out_dir: Path,
+                  assigned: dict[str, float] | None = None) -> list[Path]:
     """Write every report for ``graded`` under ``out_dir``: ``gradebook.csv``, ``junit.xml``,
     ``summary.html`` and, per submission, ``feedback/<name>.md``, ``feedback/<name>.html`` and
     ``gradescope/<name>.json``; each file atomically. Return the paths written, in that order.
+    ``assigned`` (lab id -> maximum points) fixes the gradebook's labs (:func:`gradebook_rows`).
 
     Raises ValueError (no results, names that are not unique plain file names, two results of
     one learner for one lab) before writing anything; OSError when a file cannot be written
@@ -591,9 +671,9 @@ def write_reports(graded: list[Graded], out_dir: Path) -> list[Path]:
     if not graded:
         raise ValueError("no results to report")
     _check_names(graded)
-    gradebook_rows(graded)  # raises on conflicting rows before anything is written
+    gradebook_rows(graded, assigned)  # raises on conflicting rows before anything is written
     out_dir = Path(out_dir)
-    written = [write_gradebook_csv(graded, out_dir / "gradebook.csv"),
+    written = [write_gradebook_csv(graded, out_dir / "gradebook.csv", assigned),
                write_junit_xml(graded, out_dir / "junit.xml"),
                atomic_write(out_dir / "summary.html", summary_html(graded))]
     for g in graded:

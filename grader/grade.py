@@ -20,7 +20,7 @@ from grader import __version__, notebook
 from grader.assemble import assemble
 from grader.errors import GraderError
 from grader.execute import Outcome  # noqa: F401  (importing registers the "grader" engine)
-from grader.labs import Exercise, Lab, load_lab
+from grader.labs import Exercise, Lab, lab_from_name, lab_of, load_lab
 from grader.results import Environment, ExerciseResult, LabResult
 from grader.sandbox import Limits
 
@@ -72,16 +72,19 @@ def _failed_result(lab: Lab | None, path: Path, env: Environment, reason: str,
                      error=reason)
 
 
-def fingerprint(path: Path, *, device: str, timeout: float | None) -> str:
+def fingerprint(path: Path, *, device: str, timeout: float | None,
+                assigned: str | None = None) -> str:
     """A digest of everything a result depends on except the seed: the submission's bytes, its
-    lab's table, checks and release, the grader version, the device and the time limit."""
+    lab's table, checks and release, the grader version, the device, the time limit and the
+    lab the batch assigns (see :func:`grade_notebook`)."""
     h = hashlib.sha256()
-    h.update(json.dumps([__version__, device, timeout]).encode())
+    h.update(json.dumps([__version__, device, timeout, assigned]).encode())
     h.update(path.read_bytes() if path.is_file() else b"")
     try:
-        lab = load_lab(notebook.lab_of(notebook.read(path), path))
+        lab = load_lab(lab_of(notebook.read(path), path))
     except GraderError:
-        return h.hexdigest()
+        if (lab := _lab_from_name(path, assigned)) is None:
+            return h.hexdigest()
     lab_dir = lab.root / "labs" / lab.id
     for f in sorted([*lab_dir.rglob("*.py"), *lab_dir.rglob("*.toml"), lab.release_path]):
         if not f.is_file():
@@ -91,22 +94,26 @@ def fingerprint(path: Path, *, device: str, timeout: float | None) -> str:
     return h.hexdigest()
 
 
-def _lab_from_name(path: Path) -> Lab | None:
+def _lab_from_name(path: Path, default: str | None = None) -> Lab | None:
+    """The lab the file name names, else the lab ``default``, else None."""
     try:
-        return load_lab(notebook.lab_of({}, path))
+        return load_lab(name) if (name := lab_from_name(path) or default) else None
     except GraderError:
         return None
 
 
 def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int | None = None,
                    timeout: float | None = None, name: str | None = None,
-                   learner: str | None = None,
+                   learner: str | None = None, assigned: str | None = None,
                    on_outcome: Callable[[Outcome], None] | None = None) -> LabResult:
     """Grade the notebook at ``path``; write ``out_dir/<name>.json`` and the executed notebook
     ``out_dir/<name>.executed.ipynb`` (``name`` defaults to the file's stem); return the result.
 
     ``timeout`` (seconds) overrides every exercise's time limit; ``learner`` is recorded in the
-    result. Never raises for a bad submission: the result's ``error`` says why grading could not
+    result; ``assigned`` is the lab the batch assigns: a notebook that does not say which lab it
+    is (see :func:`grader.labs.lab_of`) is graded as that lab, with a note, and one that cannot
+    be read scores 0 of that lab's points. The result records the notebook's absolute path.
+    Never raises for a bad submission: the result's ``error`` says why grading could not
     happen."""
     started = time.monotonic()
     name = name or path.stem
@@ -116,28 +123,37 @@ def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int 
     lab = None
     try:
         submission = notebook.read(path)
-        lab = load_lab(notebook.lab_of(submission, path))
+        try:
+            lab, notes = load_lab(lab_of(submission, path)), []
+        except GraderError as exc:
+            if assigned is None:
+                raise
+            lab = load_lab(assigned)
+            notes = [f"{str(exc).replace(str(path), path.name).split(': ', 1)[-1]}; it was "
+                     f"graded as {assigned}, the lab this batch assigns"]
         result = _grade(path, submission, lab, env, out_dir / f"{name}.executed.ipynb",
-                        timeout=timeout, on_outcome=on_outcome, started=started)
+                        timeout=timeout, on_outcome=on_outcome, started=started, notes=notes)
     except GraderError as exc:  # unreadable, unknown lab: the file name may still say which lab
         # the learner sees this reason: name their file, not the folders it sits in here
         reason = str(exc).replace(str(path), path.name)
-        result = _failed_result(lab or _lab_from_name(path), path, env, reason, started)
+        result = _failed_result(lab or _lab_from_name(path, assigned), path, env, reason, started)
     except Exception as exc:  # an input nobody foresaw: it costs this notebook only
-        result = _failed_result(lab or _lab_from_name(path), path, env,
+        result = _failed_result(lab or _lab_from_name(path, assigned), path, env,
                                 f"internal error while grading: {type(exc).__name__}: {exc}",
                                 started)
-    result = replace(result, fingerprint=fingerprint(path, device=device, timeout=timeout),
-                     learner=learner)
+    result = replace(result, notebook=str(path.absolute()), learner=learner,
+                     fingerprint=fingerprint(path, device=device, timeout=timeout,
+                                             assigned=assigned))
     result.write(out_dir / f"{name}.json")
     return result
 
 
 def record_failure(path: Path, out_dir: Path, *, name: str, learner: str | None, device: str,
-                   seed: int, reason: str) -> LabResult:
+                   seed: int, reason: str, assigned: str | None = None) -> LabResult:
     """Write and return the result of a notebook that could not be graded at all, for ``reason``."""
-    result = replace(_failed_result(_lab_from_name(path), path, Environment.current(device, seed),
-                                    reason, time.monotonic()), learner=learner)
+    result = replace(_failed_result(_lab_from_name(path, assigned), path,
+                                    Environment.current(device, seed), reason, time.monotonic()),
+                     learner=learner, notebook=str(path.absolute()))
     result.write(out_dir / f"{name}.json")
     return result
 
@@ -153,13 +169,13 @@ def _origin_notes(submission, lab: Lab, path: Path) -> list[str]:
     named = _lab_from_name(path)
     if named is not None and named.id != lab.id:
         notes.append(f"the file name says lab {named.id}, but the notebook is lab {lab.id} (its "
-                     f"metadata); it was graded as {lab.id}")
+                     f"metadata or cells); it was graded as {lab.id}")
     return notes
 
 
 def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *,
            timeout: float | None, on_outcome: Callable[[Outcome], None] | None,
-           started: float) -> LabResult:
+           started: float, notes: list[str]) -> LabResult:
     """Assemble, execute and score a readable submission of ``lab``."""
     device, seed = env.device, env.seed
     release = notebook.read(lab.release_path)
@@ -204,8 +220,8 @@ def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *
         else:
             results.append(ExerciseResult(e.id, e.title, "error", 0.0, e.points,
                                           f"not graded: {error or 'its checks never ran'}"))
-    notes = [f"{notebook.describe(cell)} differs from the release; the released version was run"
-             for cell in built.edited]
+    notes = notes + [f"{notebook.describe(cell)} differs from the release; the released "
+                     "version was run" for cell in built.edited]
     notes += [f"no answer cell for {ex}" for ex in built.missing if ex not in built.markdown]
     notes += built.notes + _origin_notes(submission, lab, path)
     return LabResult(lab=lab.id, notebook=str(path), exercises=tuple(results), environment=env,

@@ -5,12 +5,18 @@ requirements) and its checks in the module ``labs.<lab>.checks``.
 """
 from __future__ import annotations
 
+import functools
+import re
 import shutil
 import tomllib
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from grader.errors import GraderError
+
+#: release cell ids a notebook must share with one lab (and no other) to count as that lab's
+MIN_SHARED_IDS = 3
 
 
 @dataclass(frozen=True)
@@ -121,3 +127,67 @@ def load_lab(lab_id: str) -> Lab:
         if not e.id.startswith(f"{lab.id}."):
             raise GraderError(f"{path}: exercise id {e.id!r} must start with '{lab.id}.'")
     return lab
+
+
+def plain_stem(stem: str) -> str:
+    """A file stem without the marks that copying adds: ``Copy of 02_autograd (2)`` (browsers,
+    Google Drive), ``02_autograd-Copy1`` (JupyterLab), ``02_autograd copy 2`` (macOS Finder)
+    all give ``02_autograd``."""
+    previous = None
+    while previous != stem:
+        previous = stem
+        stem = re.sub(r"^copy of\s+", "", stem, flags=re.IGNORECASE)
+        stem = re.sub(r"(\s*\(\d+\)|-copy\d*|\s+copy(\s+\d+)?)$", "", stem,
+                      flags=re.IGNORECASE).strip()
+    return stem
+
+
+def lab_from_name(path: str | Path) -> str | None:
+    """The one lab whose id appears in the file's name as a word (``02_autograd``,
+    ``alice_02_autograd``, ``02_autograd-Copy1``, ``Copy of 02_autograd (2)``), else None."""
+    stem = plain_stem(Path(path).stem).lower()
+    named = [lab for lab in lab_ids()
+             if re.search(rf"(?<![a-z0-9]){re.escape(lab)}(?![a-z0-9])", stem)]
+    return named[0] if len(named) == 1 else None
+
+
+@functools.lru_cache(maxsize=None)
+def _own_ids() -> dict[str, frozenset[str]]:
+    """lab id -> the cell ids of its released notebook that no other lab's release has."""
+    from grader import notebook  # (not at import: grading kernels load this module)
+
+    ids = {}
+    for lab_id in lab_ids():
+        try:
+            ids[lab_id] = {c.get("id") for c in notebook.read(load_lab(lab_id).release_path).cells}
+        except GraderError:  # a lab without a release yet (while it is written)
+            ids[lab_id] = set()
+    return {lab: frozenset(mine - set().union(*(v for k, v in ids.items() if k != lab)))
+            for lab, mine in ids.items()}
+
+
+def lab_of(nb, path: str | Path) -> str:
+    """The lab id of notebook ``nb`` read from ``path``: its ``metadata.course.lab``; else the
+    lab whose release cell ids (at least MIN_SHARED_IDS of those only it has) or exercise ids
+    (in answer cells' metadata) its cells carry, whatever the file is called; else the lab its
+    file name names (:func:`lab_from_name`).
+
+    Raises GraderError when none of them says."""
+    from grader import notebook
+
+    meta = nb.get("metadata", {}).get("course")
+    if isinstance(meta, dict) and isinstance(meta.get("lab"), str):
+        return meta["lab"]
+    cells = nb.get("cells", [])
+    ids = {c.get("id") for c in cells}
+    shared = Counter({lab: len(ids & own) for lab, own in _own_ids().items()})
+    if shared and (best := shared.most_common(1)[0])[1] >= MIN_SHARED_IDS:
+        return best[0]
+    exercises = Counter(str(notebook.exercise_of(c)).split(".", 1)[0] for c in cells
+                        if notebook.exercise_of(c))
+    if exercises and (best := exercises.most_common(1)[0])[0] in lab_ids():
+        return best[0]
+    if named := lab_from_name(path):
+        return named
+    raise GraderError(f"{path}: cannot tell which lab this is (no metadata.course.lab, no cells "
+                      "of a released lab notebook, and no lab named in the file name)")

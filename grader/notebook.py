@@ -76,21 +76,6 @@ def exercise_of(cell: NotebookNode) -> str | None:
     return meta.get("exercise") if isinstance(meta, dict) else None
 
 
-def lab_of(nb: NotebookNode, path: str | Path) -> str:
-    """The lab id of a notebook: its ``metadata.course.lab``, else the ``NN_<lab>`` file stem.
-
-    Raises GraderError when neither says."""
-    meta = nb.get("metadata", {}).get("course")
-    if isinstance(meta, dict) and isinstance(meta.get("lab"), str):
-        return meta["lab"]
-    stem = Path(path).stem
-    head, _, tail = stem.partition("_")
-    if head.isdigit() and tail:
-        return tail
-    raise GraderError(f"{path}: cannot tell which lab this is (no metadata.course.lab, and the "
-                      "file name is not NN_<lab>.ipynb)")
-
-
 def describe(cell: NotebookNode) -> str:
     """How a learner finds a cell (JupyterLab does not show ids): its first non-empty line."""
     first = next((line.strip() for line in cell.source.splitlines() if line.strip()), "")

@@ -16,7 +16,7 @@ from nbformat import NotebookNode
 
 from grader import notebook
 from grader.errors import ReleaseError, ReleaseOutOfDate
-from grader.labs import load_lab
+from grader.labs import lab_of, load_lab
 
 BEGIN = re.compile(r"^(\s*)#\s*BEGIN SOLUTION\s*$")
 END = re.compile(r"^\s*#\s*END SOLUTION\s*$")
@@ -54,7 +54,7 @@ def release_notebook(nb: NotebookNode, name: str) -> NotebookNode:
 
     Raises ReleaseError for bad markers, a marker outside an answer cell, duplicate cell ids, or
     an exercise of the lab's table without exactly one answer and one check cell."""
-    lab = load_lab(notebook.lab_of(nb, name))
+    lab = load_lab(lab_of(nb, name))
     out = copy.deepcopy(nb)
     ids = [c.get("id") for c in out.cells]
     if dup := sorted({i for i in ids if ids.count(i) > 1}):

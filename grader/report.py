@@ -51,7 +51,9 @@ def table(result: LabResult) -> Table:
 def print_result(result: LabResult, console: Console) -> None:
     """Print the table, what to fix for each exercise that did not pass, any notes and the
     grading error."""
-    console.print(table(result))
+    t = table(result)
+    t.expand = console.is_terminal  # (into a file: the table's natural width, nothing cut)
+    console.print(t)
     for e in result.exercises:
         if e.status != "passed":
             console.print(f"[{STYLE[e.status]}]{e.status}[/] [bold]{e.id}[/bold]: "
@@ -63,10 +65,10 @@ def print_result(result: LabResult, console: Console) -> None:
         console.print(f"[red]grading error:[/red] {safe(result.error)}", highlight=False)
 
 
-def summary_table(results) -> Table:
+def summary_table(results, expand: bool = True) -> Table:
     """One row per submission of a batch: ``results`` is a list of (Submission, LabResult,
-    reused) in the batch's order."""
-    t = Table(title="batch summary", expand=True)
+    reused) in the batch's order; ``expand``: as wide as the console."""
+    t = Table(title="batch summary", expand=expand)
     for name in ("learner", "lab", "notebook", "score", "runnable", "statuses"):
         t.add_column(name, justify="right" if name in ("score", "runnable") else "left")
     for sub, r, reused in results:

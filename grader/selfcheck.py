@@ -12,7 +12,7 @@ import sys
 import time
 
 from grader import guard
-from grader.checks import Verdict, run_checks
+from grader.checks import Verdict, run_checks, torch_defaults
 from grader.labs import load_lab
 
 VERDICT_MIME = "application/vnd.pytorch-internals.verdict+json"
@@ -86,20 +86,25 @@ def _strays(when: str) -> str:
 
 
 def grade(exercise_id: str, *, seed: int, device: str,
-          _guard=(guard.armed, guard.tampering, guard.seal, guard.key, Verdict)) -> None:
+          _guard=(guard.armed, guard.tampering, guard.seal, guard.key, Verdict,
+                  torch_defaults)) -> None:
     """The grader's check cell: run every check and emit the verdict as a VERDICT_MIME output,
     sealed with the run's key (in a kernel the grader armed; see :mod:`grader.guard`).
 
     ``_guard`` holds the guard's functions as they were when this module was imported, before
     any learner code; they run first, so a notebook that replaced ``grader.guard.tampering`` or
-    any other global of the grader's (each of which the guard watches) gets ``error``."""
+    any other global of the grader's (each of which the guard watches) gets ``error``. The
+    guard compares under torch's default global state (:func:`grader.checks.torch_defaults`),
+    as the checks run: a notebook that changed the default dtype is not tampering."""
     from IPython.display import display
 
-    armed, tampering, seal, key, verdict = _guard
+    armed, tampering, seal, key, verdict, defaults = _guard
     start = time.perf_counter()
+    with defaults():  # (torch rebinds some of its own names under other defaults)
+        changed = tampering(exercise_id) if armed() else []
     if not armed():
         v = _verdict(exercise_id, seed=seed, device=device, hidden=True)
-    elif changed := tampering(exercise_id):
+    elif changed:
         shown = ", ".join(f"`{n}`" for n in changed[:3]) + (
             f" and {len(changed) - 3} more" if len(changed) > 3 else "")
         v = verdict(exercise_id, "error", f"the notebook replaced {shown}, which the checks rely "

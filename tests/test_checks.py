@@ -2,7 +2,9 @@
 import pytest
 import torch
 
-from grader.checks import check, checks_for, run_checks
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from grader.checks import CheckFailure, check, checks_for, run_checks, state_changes
 
 DRAWN = []
 
@@ -79,3 +81,46 @@ def test_checks_draw_from_a_seeded_fork_of_the_global_rng():
         run_checks("toy.rng-probe", None, seed=seed)
     assert torch.equal(torch.get_rng_state(), state)  # the learner's RNG is untouched
     assert torch.equal(DRAWN[0], DRAWN[1]) and not torch.equal(DRAWN[0], DRAWN[2])
+
+
+@check("toy.state-probe")
+def backward_of_a_square(answer, ctx):
+    """differentiates x**2 with the answer's help"""
+    x = torch.tensor([3.0], requires_grad=True)
+    (grad,) = torch.autograd.grad(answer(x), x)
+    if grad.dtype != torch.float32 or grad.item() != 6.0:
+        raise CheckFailure(f"expected a float32 gradient of 6, got {grad}")
+
+
+def test_checks_run_under_torchs_defaults_whatever_the_notebook_set():
+    class Tracer(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            raise RuntimeError("the learner's mode saw an op")
+
+    mode = Tracer()
+    torch.set_grad_enabled(False)
+    torch.set_default_dtype(torch.float64)
+    torch.use_deterministic_algorithms(True)
+    mode.__enter__()  # left active, as a learner's cell can leave it
+    try:
+        v = run_checks("toy.state-probe", lambda x: x ** 2)
+        left = (torch.is_grad_enabled(), torch.get_default_dtype(),
+                torch.are_deterministic_algorithms_enabled())
+    finally:
+        mode.__exit__(None, None, None)
+        torch.use_deterministic_algorithms(False)
+        torch.set_default_dtype(torch.float32)
+        torch.set_grad_enabled(True)
+    assert v.status == "passed", v.message
+    assert left == (False, torch.float64, True)  # the notebook's own state is given back
+
+
+def test_a_failure_under_a_changed_state_says_which_state_the_notebook_changed():
+    with torch.no_grad():
+        assert state_changes() == ["grad mode is off (torch.set_grad_enabled(False), or "
+                                   "torch.no_grad() entered and not left)"]
+        v = run_checks("toy.state-probe", lambda x: x ** 3)
+    assert v.status == "failed" and "expected a float32 gradient of 6" in v.message
+    assert "your notebook had changed torch's global state (grad mode is off" in v.message
+    assert len(v.message) <= 1200
+    assert "global state" not in run_checks("toy.state-probe", lambda x: x ** 3).message

@@ -363,3 +363,103 @@ def test_summary_html_embeds_a_histogram_per_lab_and_escapes(graded):
     assert "<script" not in html and "&lt;oops&gt;" in html and "The &lt;only&gt; exercise" in html
     assert 'href="feedback/alice_90_toy.html"' in html
     assert "_grade(" not in html
+
+
+def test_summary_html_shows_means_and_medians_with_at_most_one_decimal():
+    def sub(name, points):
+        return Graded(name, name, lab("demo", CPU, ex("demo.one", "failed", points, 30)))
+
+    graded = [sub("a", 28), sub("b", 28), sub("c", 29), sub("d", 28.5)]
+    s = class_summary(graded)["labs"]["demo"]
+    assert s["score"]["mean"] == 28.375 and s["score"]["median"] == 28.25  # the JSON: 4 decimals
+    html = summary_html(graded)
+    assert "mean 28.4 · median 28.2 · min 28 · max 29" in html  # 28.25 rounds half to even
+    assert '<td class="num">28.4</td>' in html  # demo.one's mean points
+    assert "28.375" not in html and "28.25" not in html
+    thirds = summary_html(graded[:3])
+    assert "mean 28.3 ·" in thirds and "28.333" not in thirds
+
+
+def test_feedback_html_shows_code_spans_as_code_and_keeps_everything_escaped():
+    message = ("`run_backward` is not defined; got `<b>x</b>` and <script>alert(1)</script>; "
+               "``a `tick` here`` and one ` alone")
+    result = replace(ALICE_TOY, exercises=(ex("toy.add", "failed", 0, 1, message),),
+                     notes=("the notebook replaced `torch.allclose`",),
+                     error="`x.ipynb`: <oops>")
+    g = Graded("alice_90_toy", "alice", result)
+    html = feedback_html(g)
+    assert "<code>run_backward</code> is not defined" in html
+    assert "got <code>&lt;b&gt;x&lt;/b&gt;</code> and &lt;script&gt;" in html
+    assert "<code>a `tick` here</code> and one ` alone" in html
+    assert "the notebook replaced <code>torch.allclose</code>" in html
+    assert "<code>x.ipynb</code>: &lt;oops&gt;" in html
+    assert "<script" not in html and "<b>" not in html
+    md = feedback_markdown(g)  # Markdown keeps its code spans as written
+    assert "`run_backward` is not defined; got `<b>x</b>` and &lt;script&gt;" in md
+    assert "the notebook replaced `torch.allclose`" in md
+
+
+def _added_cell(source, *texts):
+    """A code cell the learner added (as the assembled notebook marks it), with stdout."""
+    cell = nbformat.v4.new_code_cell(source)
+    cell.metadata["course"] = {"role": "learner"}
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=t) for t in texts]
+    return cell
+
+
+def test_feedback_shows_outputs_of_cells_the_learner_added_under_the_next_graded_exercise(
+        tmp_path, erin):
+    nb = notebook.read(erin.executed)
+    roles = [(notebook.role(c), notebook.exercise_of(c)) for c in nb.cells]
+    add_answer = roles.index(("answer", "toy.add"))
+    assert roles.index(("grade", "toy.add")) > add_answer  # add's grade cell follows its answer
+    setup = nb.cells[roles.index(("setup", None))]
+    setup.outputs = [nbformat.v4.new_output("stream", name="stdout", text="setup says hi")]
+    nb.cells.insert(add_answer + 1, _added_cell("# trying add\nprint(add(2, 2))", "add gave 0"))
+    nb.cells.insert(add_answer + 1, nbformat.v4.new_markdown_cell("my notes"))
+    nb.cells.append(_added_cell("print('the end')", "after every exercise"))
+    path = tmp_path / "added.executed.ipynb"
+    notebook.write(nb, path)
+    outputs, note = exports.answer_outputs(path)
+    assert note is None
+    add = outputs["toy.add"]
+    assert add[0].text == "hello from add <b>bold</b>" and add[0].cell == ""  # the answer first
+    assert (add[-1].text, add[-1].cell) == (
+        "add gave 0", 'a cell you added (the code cell starting "# trying add")')
+    # after the last grade cell (mul's: gpu is skipped and has none): under mul
+    assert [(o.text, o.cell) for o in outputs["toy.mul"]][-1] == (
+        "after every exercise", """a cell you added (the code cell starting "print('the end')")""")
+    shown = [o.text for outs in outputs.values() for o in outs]
+    assert "setup says hi" not in shown and "done" not in shown  # setup and narrative cells
+    assert not any("toy.add:" in t or "toy.mul:" in t for t in shown)  # nor the grade cells'
+
+    g = Graded("erin", "erin", erin.result, path)
+    html, md = feedback_html(g), feedback_markdown(g)
+    assert ('<p class="from">From a cell you added (the code cell starting '
+            '&#34;# trying add&#34;):</p>\n<pre class="text">add gave 0</pre>') in html
+    assert ('From a cell you added (the code cell starting "# trying add"):\n\n'
+            '```text\nadd gave 0\n```') in md
+    for text in (html, md):
+        assert "after every exercise" in text and "setup says hi" not in text
+        assert "showed no output" not in text
+        assert text.index("hello from add") < text.index("add gave 0") < text.index("bad ")
+
+
+def test_outputs_of_added_cells_alone_are_shown_and_count_toward_the_caps(tmp_path, erin):
+    nb = notebook.read(erin.executed)
+    for cell in nb.cells:
+        if notebook.role(cell) == "answer":
+            cell.outputs = []
+    path = tmp_path / "quiet.executed.ipynb"
+    notebook.write(nb, path)
+    quiet = Graded("erin", "erin", erin.result, path)
+    for text in (feedback_markdown(quiet), feedback_html(quiet)):
+        assert "Your answer cells and the cells you added showed no output." in text
+    i = next(i for i, c in enumerate(nb.cells) if notebook.role(c) == "grade")
+    nb.cells.insert(i, _added_cell("for i in range(30): print(i)",
+                                   *(f"line {n}\n" for n in range(30))))
+    notebook.write(nb, path)
+    for text in (feedback_markdown(quiet), feedback_html(quiet)):
+        assert "showed no output" not in text and "line 0" in text
+    shown = exports.answer_outputs(path)[0]["toy.add"]
+    assert len(shown) == exports.MAX_OUTPUTS + 1 and shown[-1].text == "(more outputs not shown)"

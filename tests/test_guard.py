@@ -100,3 +100,20 @@ def test_child_processes_are_reported_and_killed(armed):
     _, procs = guard.strays()
     assert len(procs) == 1 and f"pid {child.pid}" in procs[0] and "sleep 3611" in procs[0]
     assert child.wait(timeout=5) < 0  # killed
+
+
+@pytest.mark.parametrize("setting", ["set_default_dtype", "set_default_tensor_type"])
+def test_torch_rebinding_its_own_names_under_another_default_dtype_is_not_tampering(
+        armed, setting):
+    if setting == "set_default_dtype":
+        torch.set_default_dtype(torch.float64)
+    else:
+        with pytest.warns(UserWarning):
+            torch.set_default_tensor_type(torch.DoubleTensor)
+    try:
+        assert "torch.Storage" in guard.tampering("toy.add")  # what torch itself rebinds...
+        with checks.torch_defaults():
+            assert guard.tampering("toy.add") == []  # ...is torch's own, under its defaults
+        assert torch.get_default_dtype() == torch.float64
+    finally:
+        torch.set_default_dtype(torch.float32)

@@ -74,6 +74,7 @@ def assemble(release: NotebookNode, submission: NotebookNode, lab: Lab, *, seed:
     do not run (a CUDA answer could fail or hang on a CPU runner) and they get no grade cell."""
     skipped = dict(skipped or {})
     kept = {c.id: c for c in release.cells if notebook.role(c) != "answer"}
+    submission, relabelled = _answer_metadata(release, submission)
     attached: dict[str | None, list[NotebookNode]] = {}
     edited: list[NotebookNode] = []
     anchor: str | None = None
@@ -100,6 +101,9 @@ def assemble(release: NotebookNode, submission: NotebookNode, lab: Lab, *, seed:
                 continue
         attached.setdefault(anchor, []).append(_learner_cell(cell))
     notes = _answer_notes(answers, lab) + _release_notes(release, kept, seen_release)
+    if relabelled:
+        notes.append(f"{relabelled} answer cell(s) had lost their metadata (some editors drop "
+                     "it); they were recognised by their cell ids")
     code_answered = {ex for ex, found in answers.items() if any(c.cell_type == "code" for c in found)}
 
     cells = list(attached.get(None, []))
@@ -134,6 +138,23 @@ def assemble(release: NotebookNode, submission: NotebookNode, lab: Lab, *, seed:
     markdown = [ex for ex in missing if ex in answers]
     return Assembled(nb=nb, missing=missing, edited=edited, skipped=skipped, markdown=markdown,
                      notes=notes)
+
+
+def _answer_metadata(release: NotebookNode, submission: NotebookNode
+                     ) -> tuple[NotebookNode, int]:
+    """``submission`` with the course metadata of the release's answer cells put back on the
+    cells that still carry their ids but lost it (an editor that drops cell metadata), and how
+    many were. ``submission`` is not modified."""
+    answers = {c.id: c.metadata["course"] for c in release.cells if notebook.role(c) == "answer"}
+    lost = [i for i, c in enumerate(submission.cells)
+            if c.get("id") in answers and notebook.role(c) is None and c.cell_type == "code"]
+    if not lost:
+        return submission, 0
+    submission = copy.deepcopy(submission)
+    for i in lost:
+        cell = submission.cells[i]
+        cell.setdefault("metadata", {})["course"] = dict(answers[cell.id])
+    return submission, len(lost)
 
 
 def _answer_notes(answers: dict[str, list[NotebookNode]], lab: Lab) -> list[str]:

@@ -22,7 +22,10 @@ then hidden, each in the order defined) and returns one :class:`Verdict`; the in
 self-check and the batch grader both call it, so they run the same code in the same order.
 Each check runs under a forked global torch RNG seeded with the run's seed (when torch is
 loaded), so what it draws (``gradcheck``, ``nn.Linear`` init) is reproducible and the learner's
-RNG state is left as it was.
+RNG state is left as it was; and under torch's default global state (:func:`torch_defaults`:
+grad mode on, default dtype float32, no mode left active...), whatever the notebook set, which
+is given back afterwards. When a check fails and the notebook had changed that state, the
+message says which (:func:`state_changes`).
 """
 from __future__ import annotations
 
@@ -43,6 +46,27 @@ def out_of_memory(ename: str, evalue: str) -> bool:
     """Whether an exception (by class name and message) means an allocation ran out of memory."""
     return ename in ("MemoryError", "OutOfMemoryError") or (
         ename == "RuntimeError" and any(m in evalue for m in _OOM_MARKS))
+
+
+#: what an answer that raised one of these did, or why it fails when graded, in words
+_WHY = {
+    "SystemExit": "sys.exit() and raise SystemExit end a program; an answer cell must only "
+                  "define its answer",
+    "KeyboardInterrupt": "as if interrupted from the keyboard; an answer must not raise it",
+    "StdinNotImplementedError": "input() waits for a keyboard, and the grader has none: remove "
+                                "the call and put the value in your code",
+    "FileNotFoundError": "grading runs in an empty folder, so files beside your notebook are "
+                         "not there: build the data in your code",
+}
+
+
+def explain(ename: str, evalue: str) -> str:
+    """An exception (by class name and message) as a learner reads it: ``ename: evalue``
+    (without a closing period, so it ends sentences cleanly), plus why it happened for those
+    that mean something particular when graded (``input()``, a missing file, ``sys.exit``)."""
+    evalue = evalue.strip().rstrip(".")
+    what = f"{ename}: {evalue}" if evalue else ename
+    return f"{what} ({_WHY[ename]})" if ename in _WHY else what
 
 
 class CheckFailure(Exception):
@@ -172,7 +196,7 @@ def learner_line(exc: BaseException) -> str:
 def _blame(exc: BaseException, label: str) -> str:
     """Say who raised ``exc``: the learner's code (with its line), or the check while it read the
     answer (then the answer is probably not of the shape the exercise asks for)."""
-    what = f"{type(exc).__name__}: {exc}"
+    what = explain(type(exc).__name__, str(exc))
     frame, ours = _innermost(exc)
     if ours:
         return (f"{label}: checking your answer raised {what}. Does your answer return what "

@@ -41,7 +41,7 @@ def default_out(paths: list[str]) -> Path:
     (the first PATH), so the reference solutions, a learner's work and a class's submissions
     each get their own results and reports."""
     first = Path(paths[0]).absolute()
-    folder = first if first.is_dir() else first.parent
+    folder = first.parent if first.suffix == ".ipynb" else first
     return OUT_ROOT / (folder.name or "root")
 
 

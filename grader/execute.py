@@ -36,8 +36,8 @@ from traitlets import Int
 from traitlets.config import Config
 
 from grader import guard, notebook
-from grader.checks import out_of_memory
-from grader.sandbox import Limits, kernel_env
+from grader.checks import explain, out_of_memory
+from grader.sandbox import PACKER, Limits, kernel_env
 from grader.selfcheck import VERDICT_MIME
 
 #: seconds a cell outside any exercise (after the last grade cell) may run
@@ -57,7 +57,8 @@ class SandboxKernelManager(AsyncKernelManager):
     cpu = Int(3600, help="CPU seconds the kernel may use").tag(config=True)
 
     def format_kernel_cmd(self, extra_arguments=None) -> list[str]:
-        return Limits(self.memory, self.cpu).argv(super().format_kernel_cmd(extra_arguments))
+        argv = super().format_kernel_cmd(extra_arguments)
+        return Limits(self.memory, self.cpu).argv([*argv, f"--Session.packer={PACKER}"])
 
 
 def _size(content: dict) -> int:
@@ -232,18 +233,6 @@ def _verdict(cell: NotebookNode, exercise: str, key: bytes) -> tuple[dict | None
 #: the ename nbclient reports for a cell it interrupted at its time limit
 TIMEOUT_ENAME = "GraderTimeLimit"
 
-#: what an answer that raised one of these did, in words
-_EXITS = {
-    "SystemExit": "sys.exit() and raise SystemExit end a program; an answer cell must only "
-                  "define its answer",
-    "KeyboardInterrupt": "as if interrupted from the keyboard; an answer must not raise it",
-}
-
-
-def _answer_error(ename: str, evalue: str) -> str:
-    """One answer cell's error as the result reports it."""
-    what = f"{ename}: {evalue}" if evalue else ename
-    return f"{what} ({_EXITS[ename]})" if ename in _EXITS else what
 
 
 class GraderEngine(Engine):
@@ -254,7 +243,11 @@ class GraderEngine(Engine):
     def execute_managed_notebook(cls, nb_man, kernel_name, *, timeouts: dict[str, float],
                                  on_outcome: Callable[[Outcome], None], workdir: Path,
                                  home: Path,
-                                 limits: Limits, key: bytes, start_timeout=60, **kwargs):
+                                 limits: Limits, key: bytes, input_name: str,
+                                 start_timeout=60, **kwargs):
+        # papermill records its input there: here the assembled notebook itself, a second copy
+        # of everything in the executed one; the submission's file name says what was graded
+        nb_man.nb.metadata.papermill["input_path"] = input_name
         interrupted: set[int] = set()
 
         def on_cell_error(cell, cell_index, execute_reply):
@@ -359,7 +352,7 @@ class _Run:
                             f"({error[0]}: {error[1][:200]}). The rest of the lab was graded in "
                             "a fresh kernel.", time.monotonic() - start)
             if error and notebook.role(cell) == "answer":
-                answer_errors.append(_answer_error(*error))
+                answer_errors.append(explain(*error))
             if error and notebook.role(cell) == "prologue":
                 raise RuntimeError(f"the grader's prologue failed: {error[0]}: {error[1]}")
         duration = time.monotonic() - start

@@ -58,8 +58,11 @@ def _message(ex: Exercise, outcome: Outcome, missing: bool, markdown: bool) -> s
             parts.insert(0, f"The answer cell of {ex.id} is a markdown cell, so it did not run: "
                             "change it back to a code cell (Cell type: Code).")
         elif missing:
-            parts.insert(0, f"No answer cell for {ex.id} was found (answer cells are found by "
-                            "their metadata; copy it back from the released notebook).")
+            parts.insert(0, f"No answer cell for {ex.id} was found: answer cells are recognised "
+                            "by their cell metadata or id, which your notebook's cells do not "
+                            "carry (some editors drop them). Paste your answer into the answer "
+                            f"cell of {ex.id} in a fresh copy of the released notebook (the "
+                            f"cell that raises NotImplementedError(\"{ex.id}\")).")
     return " ".join(p for p in parts if p)
 
 
@@ -203,7 +206,7 @@ def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *
                 built.nb, str(executed), parameters={"device": device, "seed": seed},
                 engine_name="grader", kernel_name="python3", progress_bar=False, cwd=str(work),
                 on_outcome=record, timeouts=timeouts, workdir=work, home=home, limits=limits,
-                key=secrets.token_bytes(32))
+                key=secrets.token_bytes(32), input_name=path.name)
         except PapermillExecutionError:
             pass  # some cell raised: each exercise's outcome already says what that cost
         except Exception as exc:  # the kernel could not start, the output could not be written...

@@ -16,6 +16,7 @@ The notebook's ``metadata["course"]["lab"]`` names its lab; the papermill ``para
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import nbformat
@@ -27,30 +28,48 @@ from grader.errors import GraderError
 MAX_NOTEBOOK_BYTES = 100_000_000
 
 
-def read(path: str | Path) -> NotebookNode:
-    """Read a notebook as nbformat 4 (upgrading older minor versions, adding missing cell ids).
+#: what to do with a notebook that is not valid JSON
+_RESAVE = ("download it again from JupyterLab (File > Download), or open it there and save it "
+           "under a new name (File > Save Notebook As...)")
 
-    Raises GraderError naming the file when it is not a readable notebook, is saved in a newer
-    nbformat, or is larger than MAX_NOTEBOOK_BYTES."""
+
+def read(path: str | Path) -> NotebookNode:
+    """Read a notebook as nbformat 4 (upgrading older minor versions, adding missing cell ids),
+    tolerating what editors add: a UTF-8 byte-order mark before the JSON, and Windows line
+    endings in cell text (read as ``\\n``, so such cells equal the release's).
+
+    Raises GraderError naming the file when it is not a readable notebook (for broken JSON:
+    the line and column, and how to get a good copy), is saved in a newer nbformat, or is
+    larger than MAX_NOTEBOOK_BYTES."""
     size = Path(path).stat().st_size if Path(path).is_file() else 0
     if size > MAX_NOTEBOOK_BYTES:
         raise GraderError(f"{path}: {size / 1e6:.0f} MB is more than the {MAX_NOTEBOOK_BYTES / 1e6:.0f} "
                           "MB a submission may be; clear its outputs (Edit > Clear Outputs of All "
                           "Cells) and save it again")
     try:
-        nb = nbformat.read(str(path), as_version=4)
+        text = Path(path).read_bytes().decode("utf-8-sig")  # (the BOM Windows editors write)
+        nb = nbformat.reads(text, as_version=4)
     except Exception as exc:  # JSON errors, schema errors, missing files: all "unreadable"
         if "Unsupported nbformat version" in str(exc):
             version = str(exc).rsplit(" ", 1)[-1]
             raise GraderError(f"{path}: saved as nbformat {version}, newer than the grader reads "
                               "(nbformat 4); save it as nbformat 4 (as JupyterLab 4 does)") from exc
         # (never quote the content: the path may lead to a file that is not the learner's)
-        why = "it is not JSON" if type(exc).__name__ == "NotJSONError" else \
-            f"{type(exc).__name__}: {str(exc)[:300]}"
+        why = f"{type(exc).__name__}: {str(exc)[:300]}"
+        if type(exc).__name__ == "NotJSONError":
+            why = "it is not JSON"
+            try:
+                json.loads(text)
+            except json.JSONDecodeError as bad:  # (its message quotes no content)
+                why += f": {bad.msg} at line {bad.lineno}, column {bad.colno}; {_RESAVE}"
+            except Exception:  # noqa: BLE001  (nbformat's reasons are enough)
+                pass
         raise GraderError(f"{path}: not a readable Jupyter notebook ({why})") from exc
     nb.nbformat_minor = max(nb.get("nbformat_minor", 5), 5)
     for i, cell in enumerate(nb.cells):
         cell.setdefault("id", f"cell-{i}")
+        if isinstance(cell.get("source"), str) and "\r" in cell.source:
+            cell.source = cell.source.replace("\r\n", "\n")
     return nb
 
 

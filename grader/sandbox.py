@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import resource
 import sys
@@ -37,6 +38,26 @@ PR_SET_CHILD_SUBREAPER = 36
 #: variables the kernel inherits from the grader's environment (when set); everything else is dropped
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "LD_LIBRARY_PATH",
               "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+#: the kernel's message packer (``--Session.packer``): :func:`json_packer`
+PACKER = "grader.sandbox.json_packer"
+
+
+def json_packer(obj) -> bytes:
+    """jupyter_client's JSON message packer (``jupyter_client.session.json_packer``), except
+    that text UTF-8 cannot hold (a lone surrogate a notebook printed, ``'\\ud800'``) becomes
+    U+FFFD instead of failing in the kernel's output thread, which would print a traceback of
+    the kernel's own (with its installation paths) into the learner's output."""
+    from jupyter_client.jsonutil import json_default
+    from jupyter_client.session import json_packer as packer
+
+    try:
+        return packer(obj)
+    except UnicodeEncodeError:
+        text = json.dumps(obj, default=json_default, ensure_ascii=False, allow_nan=False)
+        # (UTF-16 with surrogatepass pairs what can be paired; what cannot becomes U+FFFD)
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf8")
 
 
 @dataclass(frozen=True)

@@ -147,3 +147,27 @@ def test_cells_without_the_release_ids_are_matched_by_content():
     assert built.notes == [] and built.edited == [] and built.missing == []
     assert [c.source for c in built.nb.cells if notebook.role(c) != "grade"][1:] == \
         [c.source for c in RELEASE.cells if notebook.role(c) != "check"]
+
+
+def test_answer_cells_that_lost_their_metadata_are_recognised_by_their_ids():
+    sub = _submission()
+    for cell in sub.cells:
+        cell.metadata = {}  # an editor that keeps ids but drops metadata
+    _cell(sub, "add-answer").source = "def add(a, b):\n    return a + b"
+    built = _run(sub)
+    assert built.missing == [] and built.edited == []
+    answer = _cell(built.nb, "add-answer")
+    assert notebook.role(answer) == "answer" and "return a + b" in answer.source
+    assert built.notes == ["3 answer cell(s) had lost their metadata (some editors drop it); "
+                           "they were recognised by their cell ids"]
+    assert notebook.role(_cell(sub, "add-answer")) is None  # the submission is not modified
+
+
+def test_cells_saved_with_windows_line_endings_are_not_edits(tmp_path):
+    sub = _submission()
+    for cell in sub.cells:
+        cell.source = cell.source.replace("\n", "\r\n")
+    path = tmp_path / "crlf.ipynb"
+    notebook.write(sub, path)
+    built = _run(notebook.read(path))
+    assert built.edited == [] and built.notes == []

@@ -1,6 +1,8 @@
 """Batches: who submitted what, parallel grading equal to serial, resume, CI exit codes."""
 import copy
+import csv
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -9,7 +11,7 @@ import pytest
 
 from grader import notebook
 from grader.batch import find_submissions, grade_all, learner_of
-from grader.cli import main
+from grader.cli import build_parser, default_out, main
 from tests.conftest import FIXTURES
 
 RELEASE = notebook.read(FIXTURES / "notebooks" / "90_toy.ipynb")
@@ -189,3 +191,117 @@ def test_nonsense_numbers_are_usage_errors(tmp_path, flag, value, capsys):
     with pytest.raises(SystemExit) as info:
         main(["grade", str(tmp_path), flag, value])
     assert info.value.code == 2 and "is not" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path, learner", [
+    ("subs/alice_90_toy-Copy1.ipynb", "alice"),             # JupyterLab's copy
+    ("subs/Copy of bob_90_toy (2).ipynb", "bob"),           # a browser's or Drive's copy
+    ("subs/carol_90_toy copy 2.ipynb", "carol"),            # macOS Finder's copy
+    ("subs/Copy of 90_toy (2).ipynb", "subs"),              # no learner in the name
+])
+def test_copy_marks_are_not_part_of_the_learners_name(path, learner):
+    assert learner_of(Path(path)) == learner
+
+
+def test_each_use_gets_its_own_default_output_folder(tmp_path, monkeypatch):
+    assert default_out(["solutions"]) == Path("build/grades/solutions")
+    assert default_out(["work/02_autograd.ipynb"]) == Path("build/grades/work")
+    assert default_out(["submissions/"]) == Path("build/grades/submissions")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "work").mkdir()
+    shutil.copy(FIXTURES / "solutions" / "90_toy.ipynb", tmp_path / "work" / "90_toy.ipynb")
+    assert main(["grade", "work/90_toy.ipynb", "--device", "cpu"]) == 0
+    assert sorted(p.name for p in (tmp_path / "build" / "grades").iterdir()) == ["work"]
+    assert (tmp_path / "build" / "grades" / "work" / "gradebook.csv").is_file()
+
+
+def test_help_names_the_reports_and_the_naming_and_jobs_defaults_to_the_cores(capsys):
+    with pytest.raises(SystemExit):
+        main(["grade", "--help"])
+    text = capsys.readouterr().out
+    for phrase in ("gradebook.csv", "junit.xml", "summary.html", "feedback/<name>.md",
+                   "gradescope/<name>.json", "<learner>-<stem>", "--keep-missing", "--labs"):
+        assert phrase in text, phrase
+    assert build_parser().parse_args(["grade", "x"]).jobs == (os.cpu_count() or 1)
+
+
+def _gradebook(out: Path) -> dict[str, dict[str, str]]:
+    with open(out / "gradebook.csv", newline="") as f:
+        return {row["learner"]: row for row in csv.DictReader(f)}
+
+
+def test_a_learners_maximum_is_over_the_labs_the_class_was_assigned(tmp_path):
+    subs = _class(tmp_path)
+    out = tmp_path / "out"
+    assert main(["grade", str(subs), "--out", str(out), "--device", "cpu", "--seed", "1"]) == 1
+    assert {row["max_score"] for row in _gradebook(out).values()} == {"4"}  # the labs present
+    assert main(["grade", str(subs), "--out", str(out), "--device", "cpu", "--seed", "1",
+                 "--labs", "toy,autograd"]) == 1
+    book = _gradebook(out)
+    assert {row["max_score"] for row in book.values()} == {"79"}  # 4 + autograd's 75
+    assert book["ann"]["autograd:score"] == "" and book["ann"]["autograd:max"] == ""
+    assert book["ann"]["score"] == "3"
+    with pytest.raises(SystemExit):
+        main(["grade", str(subs), "--labs", "toy,nope"])
+
+
+def test_an_ungradable_notebook_has_the_batch_labs_maximum_in_every_report(tmp_path):
+    subs = tmp_path / "subs"
+    (subs / "ann").mkdir(parents=True)
+    (subs / "zed").mkdir()
+    shutil.copy(FIXTURES / "solutions" / "90_toy.ipynb", subs / "ann" / "90_toy.ipynb")
+    (subs / "zed" / "homework.ipynb").write_text('{"cells": [],}')
+    nameless = copy.deepcopy(notebook.read(FIXTURES / "solutions" / "90_toy.ipynb"))
+    nameless.metadata = {}
+    for i, cell in enumerate(nameless.cells):
+        cell.metadata, cell.id = {}, f"mine-{i}"  # no lab, no release ids: nothing says toy
+    (subs / "yan").mkdir()
+    notebook.write(nameless, subs / "yan" / "homework.ipynb")
+    out = tmp_path / "out"
+    assert main(["grade", str(subs), "--out", str(out), "--device", "cpu"]) == 1
+    zed = json.loads((out / "zed-homework.json").read_text())
+    assert (zed["lab"], zed["max_score"]) == ("toy", 4) and "line 1, column 14" in zed["error"]
+    assert _gradebook(out)["zed"]["max_score"] == "4"
+    assert json.loads((out / "gradescope" / "zed-homework.json").read_text())["max_score"] == 4
+    assert "Score: 0 / 4" in (out / "feedback" / "zed-homework.html").read_text()
+    assert 'name="max_score" value="4"' in (out / "junit.xml").read_text()
+    yan = json.loads((out / "yan-homework.json").read_text())
+    assert yan["lab"] == "toy" and yan["score"] == 3
+    assert any("graded as toy, the lab this batch assigns" in n for n in yan["notes"])
+
+
+def test_a_deleted_hand_in_is_named_and_does_not_outrank_the_new_one(tmp_path, capsys):
+    subs = tmp_path / "subs"
+    (subs / "alice").mkdir(parents=True)
+    shutil.copy(FIXTURES / "solutions" / "90_toy.ipynb", subs / "alice" / "90_toy.ipynb")
+    out = tmp_path / "out"
+    assert main(["grade", str(subs), "--out", str(out), "--device", "cpu"]) == 0
+    (subs / "alice" / "90_toy.ipynb").unlink()  # alice hands in a new file instead
+    half = copy.deepcopy(RELEASE)
+    for cell in half.cells:
+        if notebook.role(cell) == "answer" and notebook.exercise_of(cell) == "toy.mul":
+            cell.source = "def mul(a, b):\n    return a * b"
+    notebook.write(half, subs / "alice" / "90_toy-v2.ipynb")
+    capsys.readouterr()
+    assert main(["grade", str(subs), "--out", str(out), "--device", "cpu"]) == 0
+    said = capsys.readouterr().out
+    assert "submission gone, its result left out of the reports: alice-90_toy.json" in said
+    book = _gradebook(out)["alice"]
+    assert (book["score"], book["grading_errors"]) == ("2", "")
+    assert main(["grade", str(subs), "--out", str(out), "--device", "cpu",
+                 "--keep-missing"]) == 0
+    assert _gradebook(out)["alice"]["score"] == "3"  # asked for: the best counts again
+
+
+def test_console_output_into_a_file_keeps_lines_and_paths_whole(tmp_path, capsys):
+    deep = tmp_path / ("a-folder-with-a-rather-long-name-" * 4) / "learner-with-a-long-name"
+    deep.mkdir(parents=True)
+    shutil.copy(FIXTURES / "notebooks" / "90_toy.ipynb", deep / "90_toy.ipynb")
+    shutil.copy(FIXTURES / "notebooks" / "90_toy.ipynb", deep / "90_toy (1).ipynb")
+    assert main(["grade", str(deep), "--out", str(tmp_path / "out"), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert any(str(deep / "90_toy (1).ipynb") in line for line in out.splitlines())
+    assert "…" not in out
+    stub = "NotImplementedError: toy.add is still the stub"
+    main(["grade", str(deep / "90_toy.ipynb"), "--out", str(tmp_path / "one"), "--device", "cpu"])
+    assert any(stub in line for line in capsys.readouterr().out.splitlines())

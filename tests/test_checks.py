@@ -4,7 +4,8 @@ import torch
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from grader.checks import CheckFailure, check, checks_for, run_checks, state_changes
+from grader.checks import (CheckFailure, check, checks_for, explain, run_checks,
+                           state_changes)
 
 DRAWN = []
 
@@ -124,3 +125,27 @@ def test_a_failure_under_a_changed_state_says_which_state_the_notebook_changed()
     assert "your notebook had changed torch's global state (grad mode is off" in v.message
     assert len(v.message) <= 1200
     assert "global state" not in run_checks("toy.state-probe", lambda x: x ** 3).message
+
+
+@pytest.mark.parametrize("ename, evalue, phrase", [
+    ("StdinNotImplementedError", "raw_input was called, but this frontend does not support "
+     "input requests.", "input requests (input() waits for a keyboard, and the grader has none"),
+    ("FileNotFoundError", "[Errno 2] No such file or directory: 'data.csv'",
+     "'data.csv' (grading runs in an empty folder"),
+    ("SystemExit", "0", "SystemExit: 0 (sys.exit() and raise SystemExit end a program"),
+    ("ValueError", "bad value.", "ValueError: bad value")])
+def test_errors_are_explained_without_a_doubled_period(ename, evalue, phrase):
+    text = explain(ename, evalue)
+    assert phrase in text and not text.endswith(".")
+
+
+def test_input_in_an_answer_the_checks_call_says_the_grader_has_no_keyboard():
+    from ipykernel.kernelbase import StdinNotImplementedError
+
+    def add(a, b):
+        raise StdinNotImplementedError("raw_input was called, but this frontend does not "
+                                       "support input requests.")
+
+    v = run_checks("toy.add", add)
+    assert v.status == "error" and "the grader has none: remove the call" in v.message
+    assert ".." not in v.message

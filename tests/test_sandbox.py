@@ -43,3 +43,14 @@ def test_the_environment_is_an_allow_list_with_its_own_home(tmp_path, monkeypatc
     assert env["HOME"] == str(tmp_path) and env["TMPDIR"] == str(tmp_path / "tmp")
     assert (tmp_path / "tmp").is_dir()
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)  # grader and labs importable
+
+
+def test_kernel_messages_with_text_utf8_cannot_hold_are_packed_not_lost():
+    from jupyter_client import session
+    from jupyter_client.session import json_unpacker
+
+    from grader.sandbox import json_packer
+
+    msg = {"text": "caf\udce9 \ud800 ok \ud83d\ude00", "n": 1}
+    assert json_unpacker(json_packer(msg)) == {"text": "caf\ufffd \ufffd ok 😀", "n": 1}
+    assert json_packer({"text": "plain"}) == session.json_packer({"text": "plain"})

@@ -179,8 +179,16 @@ def _kernelspec(nb):
     return nb
 
 
-def _no_lab(nb):
+def _no_lab_metadata(nb):
     del nb.metadata["course"]
+    return nb
+
+
+def _no_lab(nb):
+    """Nothing says which lab: no metadata, cells with ids and metadata of their own."""
+    nb = _no_lab_metadata(nb)
+    for i, cell in enumerate(nb.cells):
+        cell.id, cell.metadata = f"mine-{i}", {}
     return nb
 
 
@@ -296,6 +304,51 @@ grader.selfcheck.run_checks = lambda ex, answer, **kw: grader.checks.Verdict(
     ex, "passed", "all good", 1, 1, kw.get("seed", 0))
 '''
 
+def learner_cell(after_role: str, code: str, exercise: str | None = None):
+    """Mutation: a cell the learner added, with ``code``, right after the (first) cell of
+    ``after_role`` (and ``exercise``)."""
+    def build(nb):
+        at = next(i for i, c in enumerate(nb.cells) if notebook.role(c) == after_role
+                  and (exercise is None or notebook.exercise_of(c) == exercise))
+        nb.cells.insert(at + 1, nbformat.v4.new_code_cell(code, id=f"learner-{after_role}-{at}"))
+        return nb
+    return build
+
+
+def _crlf(nb):
+    """What an editor on Windows saves: every cell's lines end in CR LF."""
+    for cell in nb.cells:
+        cell.source = cell.source.replace("\n", "\r\n")
+    return nb
+
+
+def _without_ids(nb):
+    """nbformat 4.4, as older editors save: no cell ids."""
+    data = json.loads(nbformat.writes(nb, version=4))
+    data["nbformat_minor"] = 4
+    for cell in data["cells"]:
+        cell.pop("id", None)
+    return json.dumps(data, indent=1).encode()
+
+
+def _bom(nb):
+    return b"\xef\xbb\xbf" + nbformat.writes(nb, version=4).encode()
+
+
+def _drop_cell_metadata(nb):
+    """An editor that keeps cell ids but drops every cell's metadata (and the notebook's)."""
+    for cell in nb.cells:
+        cell.metadata = {}
+    nb.metadata = {"kernelspec": nb.metadata["kernelspec"]}
+    return nb
+
+
+_LEARNER_IO = {
+    "views": "name = input('Your name? ')",
+    "op-trace": "rows = open('data.csv').read().splitlines()",
+}
+
+
 # ------------------------------------------------------------------ the catalogue
 A, D = "autograd", "dispatcher"
 
@@ -399,7 +452,7 @@ FIXTURES = [
             {"engine": ("error", "not a readable Jupyter notebook")},
             error="not a readable Jupyter notebook"),
     Fixture("symlink-elsewhere", "a symbolic link to a private file of the instructor's", A,
-            _symlink, {"engine": ("error", "not a readable Jupyter notebook (it is not JSON)")},
+            _symlink, {"engine": ("error", "not a readable Jupyter notebook (it is not JSON")},
             error="it is not JSON"),
     Fixture("nbformat-3", "nbformat 3 (no cell ids: release cells matched by content)", A,
             _nbformat(3), clean=True),
@@ -426,6 +479,37 @@ FIXTURES = [
     Fixture("huge-notebook", "a notebook with 32 MB of embedded outputs", A, _huge, clean=True),
     Fixture("unicode-path", "a path with spaces and non-ASCII characters", A, lambda nb: nb,
             path="Zoë Müller/02_autograd.ipynb", clean=True),
+    # what real learners' notebooks do (not hostile): each must cost nothing, or only its own
+    # exercise with a message that says what to change
+    Fixture("global-state", "torch.set_default_dtype(float64) after setup, and grad mode "
+            "switched off after the first check", A,
+            chain(learner_cell("setup", "torch.set_default_dtype(torch.float64)"),
+                  learner_cell("check", "torch.set_grad_enabled(False)", "autograd.graph-walk")),
+            clean=True),
+    Fixture("default-tensor-type", "torch.set_default_tensor_type(DoubleTensor) after setup", D,
+            learner_cell("setup", "torch.set_default_tensor_type(torch.DoubleTensor)"),
+            clean=True),
+    Fixture("windows-editor", "a byte-order mark and CR LF line endings (VS Code on Windows)", A,
+            chain(_crlf, _bom), clean=True),
+    Fixture("crlf-without-ids", "CR LF line endings in an nbformat 4.4 file without cell ids",
+            D, chain(_crlf, _without_ids), clean=True),
+    Fixture("trailing-comma", "a notebook whose JSON is broken by a trailing comma", A,
+            raw(b'{"cells": [],\n "metadata": {},\n}'),
+            {"engine": ("error", "it is not JSON: Expecting property name enclosed in double "
+                        "quotes at line 3, column 1; download it again from JupyterLab")},
+            error="at line 3, column 1", path="flat/alice_02_autograd.ipynb"),
+    Fixture("dropped-metadata", "an editor that drops cell and notebook metadata (ids kept)", A,
+            _drop_cell_metadata, notes=("6 answer cell(s) had lost their metadata",)),
+    Fixture("copy-without-metadata", "a browser's copy of the notebook, without its metadata",
+            A, _no_lab_metadata, path="flat/Copy of 02_autograd (2).ipynb", clean=True),
+    Fixture("learner-io", "input(), a file beside the notebook, a lone surrogate printed", D,
+            chain(*(before(D, slug, code) for slug, code in _LEARNER_IO.items()),
+                  before(D, "key-priority", "print('caf\\udce9 \\ud800 done')")),
+            {"views": ("error", "Your answer cell raised StdinNotImplementedError: raw_input was "
+                       "called, but this frontend does not support input requests (input() "
+                       "waits for a keyboard, and the grader has none: remove the call"),
+             "op-trace": ("error", "No such file or directory: 'data.csv' (grading runs in an "
+                          "empty folder, so files beside your notebook are not there")}),
 ]
 
 

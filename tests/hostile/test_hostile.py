@@ -129,3 +129,26 @@ def test_no_check_source_in_any_result_report_or_graded_output(graded):
     assert len(lines) > 100
     leaked = {line for line in lines for text in texts if line in text}
     assert not leaked, sorted(leaked)[:5]
+
+
+def test_every_executed_notebook_names_its_input_instead_of_holding_a_second_copy(graded):
+    results, out, _ = graded
+    for executed in out.glob("*.executed.ipynb"):
+        source = json.loads(executed.read_text(encoding="utf-8"))["metadata"]["papermill"]
+        assert isinstance(source["input_path"], str), executed.name
+        assert source["input_path"].endswith(".ipynb"), executed.name
+
+
+def test_text_utf8_cannot_hold_is_shown_replaced_without_a_kernel_traceback(graded):
+    nb = notebook.read(graded[1] / "learner-io.executed.ipynb")
+    cell = next(c for c in nb.cells if notebook.role(c) == "answer"
+                and notebook.exercise_of(c) == "dispatcher.key-priority")
+    text = json.dumps(cell.outputs, ensure_ascii=False)
+    assert "caf\ufffd \ufffd done" in text
+    assert "Traceback" not in text and "site-packages" not in text
+
+
+def test_answer_cells_that_lost_their_metadata_are_graded_and_shown_as_answers(graded):
+    nb = notebook.read(graded[1] / "dropped-metadata.executed.ipynb")
+    answers = [notebook.exercise_of(c) for c in nb.cells if notebook.role(c) == "answer"]
+    assert answers == [e.id for e in load_lab("autograd").exercises]

@@ -1,0 +1,38 @@
+"""Reading submissions as editors save them: a byte-order mark, Windows line endings, broken
+JSON that says where it broke."""
+import json
+
+import pytest
+
+from grader import notebook
+from grader.errors import GraderError
+from tests.conftest import FIXTURES
+
+TOY = FIXTURES / "notebooks" / "90_toy.ipynb"
+
+
+def test_a_byte_order_mark_before_the_json_is_read(tmp_path):
+    path = tmp_path / "bom.ipynb"
+    path.write_bytes(b"\xef\xbb\xbf" + TOY.read_bytes())
+    assert [c.id for c in notebook.read(path).cells] == [c.id for c in notebook.read(TOY).cells]
+
+
+def test_windows_line_endings_in_cell_text_read_as_newlines(tmp_path):
+    data = json.loads(TOY.read_text())
+    for cell in data["cells"]:
+        cell["source"] = [line.replace("\n", "\r\n") for line in cell["source"]]
+    path = tmp_path / "crlf.ipynb"
+    path.write_text(json.dumps(data))
+    assert [c.source for c in notebook.read(path).cells] == \
+        [c.source for c in notebook.read(TOY).cells]
+
+
+def test_broken_json_names_line_and_column_and_the_remedy_without_quoting_it(tmp_path):
+    path = tmp_path / "comma.ipynb"
+    path.write_text('{"cells": [],\n "metadata": {"secret": "do-not-quote"},\n}')
+    with pytest.raises(GraderError) as info:
+        notebook.read(path)
+    message = str(info.value)
+    assert "it is not JSON: Expecting property name enclosed in double quotes at line 3, " \
+           "column 1" in message
+    assert "File > Save Notebook As" in message and "do-not-quote" not in message

@@ -1,20 +1,30 @@
-# Every target is self-contained on a fresh machine: it creates .venv/ and installs the
-# project into it when missing. The pinned CPU torch comes from the local wheel where pip finds one.
+# Every target is self-contained on a fresh machine: it creates $(VENV) with $(PYTHON) and
+# installs the project into it when missing. The pinned torch comes from wherever pip finds it
+# (a local CPU wheel on the course's machines; see README: Why torch is pinned).
+#
+#   make test PYTHON=python3.12        create .venv/ with that interpreter (if .venv/ is absent)
+#   make test VENV=$CONDA_PREFIX       use an existing environment (e.g. conda's) instead of .venv/
+#   make grade SUBMISSION=work/02_autograd.ipynb OUT=build/mine JOBS=4 GRADE_ARGS="--seed 1"
+PYTHON  ?= python3
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
-OUT     ?= build/grades
 SUBMISSION ?= solutions
-JOBS    ?= $(shell nproc 2>/dev/null || echo 1)
-# e.g. GRADE_ARGS="--device cuda --seed 1234 --fail-under 60 --force"
+# OUT and JOBS reach `grader grade` only when given on make's command line, so the grader's CLI
+# is the one source of their defaults (--out build/grades/<folder graded>, --jobs one per CPU
+# core); a variable of the same name in the environment (OUT is a common one) is ignored.
+GRADE_OUT  = $(if $(filter command line,$(origin OUT)),$(if $(OUT),--out $(OUT)))
+GRADE_JOBS = $(if $(filter command line,$(origin JOBS)),$(if $(JOBS),--jobs $(JOBS)))
+# further flags, e.g. GRADE_ARGS="--device cuda --seed 1234 --fail-under 60 --force"
 GRADE_ARGS ?=
-# e.g. TORCH_PIP_ARGS="--index-url <the CPU wheel index>" (see README: Why torch is pinned)
+# e.g. TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu" (README: Why torch
+# is pinned)
 TORCH_PIP_ARGS ?=
 
 .PHONY: grade test lab release venv clean
 
 $(STAMP): pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0 $(TORCH_PIP_ARGS)
 	$(PY) -m pip install --quiet -e .
@@ -24,7 +34,7 @@ venv: $(STAMP)
 
 # Grade every lab in solutions/ (full marks expected), or SUBMISSION=a notebook or a folder.
 grade: $(STAMP)
-	$(PY) -m grader grade $(SUBMISSION) --out $(OUT) --jobs $(JOBS) $(GRADE_ARGS)
+	$(PY) -m grader grade $(SUBMISSION) $(GRADE_OUT) $(GRADE_JOBS) $(GRADE_ARGS)
 
 # The whole suite: the release is current, the solution notebooks run top to bottom (nbval,
 # lax mode), the grader's and every exercise's tests.

@@ -1,8 +1,11 @@
 """Project files agree with each other."""
+import os
 import re
 import subprocess
 import sys
+import tempfile
 import tomllib
+from pathlib import Path
 
 import yaml
 
@@ -37,3 +40,122 @@ def test_workflow_examples_are_valid_github_workflows():
     run = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema",
                           "vendor.github-workflows", *files], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+# ------------------------------------------------------------------ Makefile
+
+def _make_n(*args: str, env: dict | None = None) -> str:
+    """What ``make -n ARGS`` would run, with an installed environment (a fresh stamp in a
+    temporary VENV) so only the target's own commands show. Variables of an outer make (when
+    the suite runs under ``make test OUT=...``) are not passed on."""
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKELEVEL", "OUT", "JOBS",
+                          "VENV", "PYTHON", "GRADE_ARGS", "SUBMISSION")}
+    with tempfile.TemporaryDirectory() as tmp:
+        venv = Path(tmp) / "env"
+        venv.mkdir()
+        (venv / ".installed").touch()  # newer than pyproject.toml
+        run = subprocess.run(["make", "-n", "-C", str(ROOT), f"VENV={venv}", *args],
+                             capture_output=True, text=True, env={**clean, **(env or {})})
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout
+
+
+def _grade_line(out: str) -> list[str]:
+    lines = [line.split() for line in out.splitlines() if "-m grader grade" in line]
+    assert len(lines) == 1, out
+    return lines[0][lines[0].index("grade") + 1:]
+
+
+def test_make_grade_leaves_out_and_jobs_to_the_grader_unless_given():
+    assert _grade_line(_make_n("grade")) == ["solutions"]
+    # an OUT or JOBS in the environment (OUT is a common variable) is not taken for one
+    assert _grade_line(_make_n("grade", env={"OUT": "/elsewhere", "JOBS": "9"})) == ["solutions"]
+    assert _grade_line(_make_n("grade", "OUT=", "JOBS=")) == ["solutions"]
+
+
+def test_make_grade_passes_out_jobs_and_grade_args_when_given():
+    args = _grade_line(_make_n("grade", "SUBMISSION=work/02_autograd.ipynb", "OUT=build/mine",
+                               "JOBS=3", "GRADE_ARGS=--seed 1 --force"))
+    assert args == ["work/02_autograd.ipynb", "--out", "build/mine", "--jobs", "3",
+                    "--seed", "1", "--force"]
+
+
+def test_make_creates_the_environment_with_the_chosen_python(tmp_path):
+    clean = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "PYTHON")}
+    for extra, python in (([], "python3"), (["PYTHON=python3.12"], "python3.12")):
+        run = subprocess.run(["make", "-n", "-C", str(ROOT), f"VENV={tmp_path / 'new'}", "venv",
+                              *extra], capture_output=True, text=True, env=clean)
+        assert run.returncode == 0, run.stderr
+        assert f"|| {python} -m venv {tmp_path / 'new'}" in run.stdout, run.stdout
+
+
+# ------------------------------------------------------------------ what git keeps
+
+def test_git_ignores_what_make_and_the_grader_write():
+    written = [".venv/bin/python", "build/grades/solutions/gradebook.csv",
+               "work/02_autograd.ipynb", "submissions/alice/02_autograd.ipynb",
+               "grades/gradebook.csv", "pytorch_internals_course.egg-info/PKG-INFO",
+               "grader/__pycache__/cli.pyc"]
+    kept = ["solutions/01_dispatcher.ipynb", "notebooks/01_dispatcher.ipynb",
+            "labs/autograd/lab.toml", "tests/fixtures/labs/toy/lab.toml",
+            ".github/workflows/grade-gpu.yml"]
+    run = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", "--stdin"],
+                         input="\n".join(written + kept), capture_output=True, text=True)
+    assert run.returncode in (0, 1), run.stderr
+    assert sorted(run.stdout.split()) == sorted(written)
+
+
+# ------------------------------------------------------------------ workflows
+
+def _workflow(name: str) -> dict:
+    return yaml.safe_load((ROOT / ".github" / "workflows" / name).read_text())
+
+
+def _steps(workflow: dict) -> list[dict]:
+    return [step for job in workflow["jobs"].values() for step in job["steps"]]
+
+
+def test_gpu_workflow_starts_each_run_from_a_clean_checkout():
+    """A self-hosted runner keeps its workspace: results of an earlier run left in the grades
+    folder would be counted in this run's reports, so the checkout must clean it (the default)."""
+    steps = _steps(_workflow("grade-gpu.yml"))
+    checkouts = [s for s in steps if s.get("uses", "").startswith("actions/checkout")]
+    assert checkouts, "grade-gpu.yml checks nothing out"
+    for step in checkouts:
+        assert step.get("with", {}).get("clean", True) is True, step
+    # nor is the environment (which `make` creates when missing) kept inside the workspace
+    assert any("VENV=" in s.get("run", "") and "GITHUB_ENV" in s.get("run", "") for s in steps)
+
+
+def test_workflows_grade_into_the_workspace_folder_they_upload_and_publish():
+    for name in ("grade-cpu.yml", "grade-gpu.yml"):
+        steps = _steps(_workflow(name))
+        grade = [s["run"] for s in steps if "make grade" in s.get("run", "")]
+        assert len(grade) == 1, name
+        out = re.search(r"\bOUT=(\S+)", grade[0])
+        assert out, f"{name}: make grade without OUT= (the grader's default folder differs)"
+        out = out.group(1).rstrip("/")
+        # a relative folder inside the checkout, which the checkout cleans
+        assert not out.startswith(("/", "~", "$", "..")) and ".." not in out.split("/"), name
+        uploads = [s["with"]["path"] for s in steps if "upload-artifact" in s.get("uses", "")]
+        junit = [s["with"]["files"] for s in steps if "publish-unit-test" in s.get("uses", "")]
+        assert [p.rstrip("/") for p in uploads] == [out], name
+        assert junit == [f"{out}/junit.xml"], name
+
+
+# ------------------------------------------------------------------ README
+
+def test_readme_names_only_notebooks_that_exist_and_every_one_that_does():
+    readme = (ROOT / "README.md").read_text()
+    named = set(re.findall(r"notebooks/(\d\d_\w+\.ipynb)", readme))
+    present = {p.name for p in (ROOT / "notebooks").glob("*.ipynb")}
+    assert named == present
+
+
+def test_readme_conda_commands_match_environment_yml():
+    readme = (ROOT / "README.md").read_text()
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    assert "conda env create -f environment.yml" in readme
+    assert f"conda activate {env['name']}" in readme
+    assert "VENV=$CONDA_PREFIX" in readme

@@ -1,2 +1,2 @@
 """The course grader."""
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -11,6 +11,7 @@ cell, whichever comes later, so an answer moved further down is still defined wh
 """
 from __future__ import annotations
 
+import ast
 import copy
 from dataclasses import dataclass, field
 
@@ -74,7 +75,7 @@ def assemble(release: NotebookNode, submission: NotebookNode, lab: Lab, *, seed:
     do not run (a CUDA answer could fail or hang on a CPU runner) and they get no grade cell."""
     skipped = dict(skipped or {})
     kept = {c.id: c for c in release.cells if notebook.role(c) != "answer"}
-    submission, relabelled = _answer_metadata(release, submission)
+    submission, relabelled = _answer_metadata(release, submission, lab)
     attached: dict[str | None, list[NotebookNode]] = {}
     edited: list[NotebookNode] = []
     anchor: str | None = None
@@ -103,7 +104,7 @@ def assemble(release: NotebookNode, submission: NotebookNode, lab: Lab, *, seed:
     notes = _answer_notes(answers, lab) + _release_notes(release, kept, seen_release)
     if relabelled:
         notes.append(f"{relabelled} answer cell(s) had lost their metadata (some editors drop "
-                     "it); they were recognised by their cell ids")
+                     "it); they were recognised by their cell ids, or by the answer they define")
     code_answered = {ex for ex, found in answers.items() if any(c.cell_type == "code" for c in found)}
 
     cells = list(attached.get(None, []))
@@ -140,21 +141,49 @@ def assemble(release: NotebookNode, submission: NotebookNode, lab: Lab, *, seed:
                      notes=notes)
 
 
-def _answer_metadata(release: NotebookNode, submission: NotebookNode
+def _defines(source: str) -> set[str]:
+    """The names a cell binds at its top level (``def``, ``class``, ``=``); empty when it is
+    not valid Python."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set()
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
+def _answer_metadata(release: NotebookNode, submission: NotebookNode, lab: Lab
                      ) -> tuple[NotebookNode, int]:
-    """``submission`` with the course metadata of the release's answer cells put back on the
-    cells that still carry their ids but lost it (an editor that drops cell metadata), and how
-    many were. ``submission`` is not modified."""
+    """``submission`` with answer-cell metadata put back on the code cells that lost it (an
+    editor that drops cell metadata): a cell with the id of a release answer cell; and, for an
+    exercise with no answer cell left, the last cell of no role, whose content is not a release
+    cell's, that defines the exercise's answer name. Also how many cells were relabelled.
+    ``submission`` is not modified."""
     answers = {c.id: c.metadata["course"] for c in release.cells if notebook.role(c) == "answer"}
-    lost = [i for i, c in enumerate(submission.cells)
-            if c.get("id") in answers and notebook.role(c) is None and c.cell_type == "code"]
-    if not lost:
+    plain = [i for i, c in enumerate(submission.cells)
+             if notebook.role(c) is None and c.cell_type == "code"]
+    found = {i: dict(answers[submission.cells[i].get("id")]) for i in plain
+             if submission.cells[i].get("id") in answers}
+    answered = {notebook.exercise_of(c) for c in submission.cells if notebook.role(c) == "answer"}
+    answered |= {meta["exercise"] for meta in found.values()}
+    released = {(c.cell_type, c.source) for c in release.cells}
+    for ex in (e for e in lab.exercises if e.id not in answered):
+        defining = [i for i in plain if i not in found and ("code", submission.cells[i].source)
+                    not in released and ex.answer in _defines(submission.cells[i].source)]
+        if defining:
+            found[defining[-1]] = {"role": "answer", "exercise": ex.id}
+    if not found:
         return submission, 0
     submission = copy.deepcopy(submission)
-    for i in lost:
-        cell = submission.cells[i]
-        cell.setdefault("metadata", {})["course"] = dict(answers[cell.id])
-    return submission, len(lost)
+    for i, meta in found.items():
+        submission.cells[i].setdefault("metadata", {})["course"] = meta
+    return submission, len(found)
 
 
 def _answer_notes(answers: dict[str, list[NotebookNode]], lab: Lab) -> list[str]:

@@ -36,15 +36,18 @@ class Submission:
 
 def learner_of(path: Path, root: Path | None = None) -> str:
     """Who submitted ``path``: when ``path`` lies in a folder under the searched folder
-    ``root``, that folder (``root/<learner>/...``, whatever the file is called); else the folder
-    of ``<learner>/<NN_lab>.ipynb``, the prefix of ``<learner>_<NN_lab>.ipynb`` or
-    ``<learner>_<lab>.ipynb``, else the file's stem (copy marks removed: :func:`plain_stem`)."""
+    ``root``, that folder (``root/<learner>/...``, whatever the file is called); else the
+    prefix of ``<learner>_<NN_lab>.ipynb`` or ``<learner>_<lab>.ipynb`` (copy marks removed:
+    :func:`plain_stem`); else, for ``<NN_lab>.ipynb``, its folder when it was named alone
+    (``alice/02_autograd.ipynb``) or the file's stem when it lies right in ``root``; else the
+    file's stem."""
     if root is not None and len(parts := path.relative_to(root).parts) > 1:
         return parts[0]
     stem = plain_stem(path.stem)
     for lab in lab_ids():
         if re.fullmatch(rf"(?:\d+_)?{re.escape(lab)}", stem, re.IGNORECASE):
-            return path.parent.name or stem
+            # right in the searched folder, a file without a learner's name is its own learner
+            return path.stem if root is not None else (path.parent.name or stem)
         if m := re.fullmatch(rf"(.+?)[ _-]+(?:\d+_)?{re.escape(lab)}", stem, re.IGNORECASE):
             return m.group(1)
     return stem

@@ -111,6 +111,9 @@ def cmd_grade(args, console: Console) -> int:
                             f"{result.score:g}/{result.max_score:g}")
                 bar.console.print(line, highlight=False)
     results = [(sub, *done[sub]) for sub in subs]  # a fixed order, whatever the completion order
+    if reused := [r for _, r, again in results if again and r.environment.seed != seed]:
+        console.print(f"[dim]{len(reused)} unchanged result(s) were reused: each keeps the seed "
+                      "it was graded with (--force grades them again)[/dim]")
     if len(subs) == 1:
         print_result(results[0][1], console)
     else:
@@ -141,8 +144,8 @@ def cmd_grade(args, console: Console) -> int:
 def _results_to_report(args, console: Console) -> list:
     """The results in ``--out`` the reports cover, sorted by learner and lab: every result there
     (so grading one late learner into the class's folder keeps the class), except a result
-    whose notebook no longer exists (a deleted or renamed hand-in: unless ``--keep-missing``)
-    and, with ``--labs``, one of another lab. Each one left out is named on the console."""
+    whose notebook no longer exists (a deleted or renamed hand-in: unless ``--keep-missing``),
+    which is named on the console."""
     from grader.exports import load_graded
 
     graded = []
@@ -157,10 +160,6 @@ def _results_to_report(args, console: Console) -> list:
             console.print(f"[yellow]submission gone, its result left out of the reports:"
                           f"[/yellow] {safe(path.name)} (graded from {safe(g.result.notebook)}, "
                           "which no longer exists; --keep-missing counts it)")
-            continue
-        if args.labs and g.result.exercises and g.result.lab not in args.labs:
-            console.print(f"[yellow]lab {safe(g.result.lab)} is not among --labs, its result "
-                          f"left out of the reports:[/yellow] {safe(path.name)}")
             continue
         graded.append(g)
     return sorted(graded, key=lambda g: (g.learner, g.result.lab))
@@ -198,8 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "folder graded, or the folder of the notebook graded>)")
     grade.add_argument("--labs", type=_labs, default=None, metavar="LAB[,LAB...]",
                        help="the labs the class was assigned: each learner's maximum is over "
-                       "these labs (default: the labs among the results); a notebook that "
-                       "does not say its lab is graded as the only one, if one")
+                       "these labs, and results of other labs count for nothing (default: the "
+                       "labs among the results); a notebook that does not say its lab is "
+                       "graded as the only one, if one")
     grade.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
     grade.add_argument("--seed", type=int, default=None,
                        help="seed for the hidden checks (default: a fresh random one, reported)")

@@ -26,6 +26,9 @@ import json
 import math
 import re
 import statistics
+import sys
+import sysconfig
+import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterator
@@ -110,6 +113,21 @@ def _lab_order(graded: list[Graded]) -> dict[str, list[tuple[str, str]]]:
     return {lab: list(ex.items()) for lab, ex in labs.items()}
 
 
+def _by_learner_and_lab(graded: list[Graded]) -> dict[tuple[str, str], list[Graded]]:
+    """(learner, lab) -> that learner's results for that lab in first-seen order, the best
+    (highest score; the first seen among equals) moved to the front, as every report counts
+    it. Results with no exercises (grading failed before the lab was known) are left out."""
+    found: dict[tuple[str, str], list[Graded]] = {}
+    for g in graded:
+        if g.result.exercises:
+            found.setdefault((g.learner, g.result.lab), []).append(g)
+    for results in found.values():
+        best = max(results, key=lambda g: g.result.score)  # (max keeps the first of equals)
+        results.remove(best)
+        results.insert(0, best)
+    return found
+
+
 def _check_names(graded: list[Graded]) -> None:
     names = [g.name for g in graded]
     for n in names:
@@ -132,8 +150,9 @@ def gradebook_rows(graded: list[Graded], assigned: dict[str, float] | None = Non
     A lab the learner has no result for has empty cells and counts as 0 of that lab's maximum
     in ``max_score`` and ``runnable_max_score`` (nothing ran, so nothing is excused).
     ``assigned`` maps the labs the class was assigned to their maximum (points): they are the
-    gradebook's labs, in that order (one with no result at all gets its score columns only),
-    and results of other labs are left out; by default the labs are those among the results. Skipped
+    gradebook's labs, in that order (one with no result at all gets its score columns only);
+    a result of another lab counts for nothing (``grading_errors`` says so) but its learner
+    still has a row; by default the labs are those among the results. Skipped
     exercises score 0 and count in ``max_score`` but not ``runnable_max_score``. A result with
     no exercises (grading failed before its lab was known) adds only to ``grading_errors``.
     When one learner has several results for one lab, the best counts, and ``grading_errors``
@@ -144,7 +163,6 @@ def gradebook_rows(graded: list[Graded], assigned: dict[str, float] | None = Non
     if assigned is not None:
         labs = {lab: labs.get(lab, []) for lab in assigned}
         lab_max = dict(assigned)
-        graded = [g for g in graded if g.result.lab in assigned or not g.result.exercises]
     columns = ["learner"]
     for lab, exercises in labs.items():
         columns += [eid for eid, _ in exercises] + [f"{lab}:score", f"{lab}:max",
@@ -154,18 +172,22 @@ def gradebook_rows(graded: list[Graded], assigned: dict[str, float] | None = Non
     by_learner: dict[str, dict[str, Graded]] = {}
     errors: dict[str, list[str]] = {}
     for g in graded:
-        mine = by_learner.setdefault(g.learner, {})
+        by_learner.setdefault(g.learner, {})
         errors.setdefault(g.learner, [])
         if g.result.error:
             errors[g.learner].append(f"{g.name}: {g.result.error}")
-        if not g.result.exercises:
+        if g.result.exercises and g.result.lab not in labs:
+            errors[g.learner].append(f"{g.name}: lab {g.result.lab} is not among the assigned "
+                                     "labs; not counted")
+    for (learner, lab), results in _by_learner_and_lab(graded).items():
+        if lab not in labs:
             continue
-        if (kept := mine.get(g.result.lab)) is not None:  # two hand-ins: the best one counts
-            best = g if g.result.score > kept.result.score else kept
-            errors[g.learner].append(f"{g.result.lab}: several results ({kept.name}, {g.name}); "
-                                     f"the best, {best.name}, is counted")
-            g = best
-        mine[g.result.lab] = g
+        by_learner[learner][lab] = results[0]
+        if len(results) > 1:  # several hand-ins: the best one counts
+            names = [g.name for g in graded  # (in the order they came)
+                     if g.result.exercises and (g.learner, g.result.lab) == (learner, lab)]
+            errors[learner].append(f"{lab}: several results ({', '.join(names)}); the best, "
+                                   f"{results[0].name}, is counted")
 
     rows = []
     for learner, mine in by_learner.items():
@@ -219,8 +241,30 @@ class Output:
     cell: str = ""
 
 
+def _machine_folders() -> list[tuple[str, str]]:
+    """(folder, what learners see instead), longest first: where Python and its libraries are
+    installed, the course, and the grader's temporary run folders."""
+    paths = sysconfig.get_paths()
+    folders = {paths["purelib"]: "<site-packages>", paths["platlib"]: "<site-packages>",
+               paths["stdlib"]: "<python>", sys.prefix: "<python>", sys.base_prefix: "<python>",
+               str(Path(__file__).resolve().parent.parent): "<course>"}
+    return sorted(folders.items(), key=lambda item: -len(item[0]))
+
+
+_FOLDERS = _machine_folders()
+_RUN_FOLDER = re.compile(re.escape(tempfile.gettempdir()) + r"/grade-[^/\s]+")
+
+
+def _unpath(text: str) -> str:
+    """``text`` (an output shown to a learner) without the grading machine's folders: warnings
+    and tracebacks printed by libraries name their files under the grader's installation."""
+    for folder, short in _FOLDERS:
+        text = text.replace(folder, short)
+    return _RUN_FOLDER.sub("<run>", text)
+
+
 def _clip(text: str) -> str:
-    text = _ANSI.sub("", text).rstrip("\n")
+    text = _unpath(_ANSI.sub("", text)).rstrip("\n")
     if len(text) > MAX_TEXT_CHARS:
         more = len(text) - MAX_TEXT_CHARS
         text = text[:MAX_TEXT_CHARS] + f"\n… ({more} more characters not shown)"
@@ -581,12 +625,16 @@ def class_summary(graded: list[Graded]) -> dict:
       ``counts`` per status (every status, 0 included), ``mean_points`` and ``pass_rate``
       (passed / ran), both over the submissions that ran it, None when none did.
 
+    A lab's statistics count one result per learner, the best, as the gradebook does (two
+    copies handed in by one learner are one submission there).
+
     Raises ValueError for an empty list."""
     if not graded:
         raise ValueError("no results to summarize")
+    best = _by_learner_and_lab(graded)
     labs: dict[str, dict] = {}
     for lab, exercises in _lab_order(graded).items():
-        mine = [g.result for g in graded if g.result.lab == lab and g.result.exercises]
+        mine = [results[0].result for (_, of), results in best.items() if of == lab]
         scores = [r.score for r in mine]
         maximum = max(r.max_score for r in mine)
         whole = [r.score / r.max_score for r in mine if r.max_score]

@@ -225,7 +225,10 @@ def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *
                                           f"not graded: {error or 'its checks never ran'}"))
     notes = notes + [f"{notebook.describe(cell)} differs from the release; the released "
                      "version was run" for cell in built.edited]
-    notes += [f"no answer cell for {ex}" for ex in built.missing if ex not in built.markdown]
+    passed = {r.id for r in results if r.status == "passed"}
+    notes += [f"no answer cell for {ex}" + ("; another cell of the notebook defines its answer, "
+                                            "which was graded" if ex in passed else "")
+              for ex in built.missing if ex not in built.markdown]
     notes += built.notes + _origin_notes(submission, lab, path)
     return LabResult(lab=lab.id, notebook=str(path), exercises=tuple(results), environment=env,
                      duration_s=round(time.monotonic() - started, 3), notes=tuple(notes),

@@ -29,8 +29,8 @@ MAX_NOTEBOOK_BYTES = 100_000_000
 
 
 #: what to do with a notebook that is not valid JSON
-_RESAVE = ("download it again from JupyterLab (File > Download), or open it there and save it "
-           "under a new name (File > Save Notebook As...)")
+_RESAVE = ("fix it there in a text editor, or hand in a good copy: JupyterLab saves one with "
+           "File > Download while the notebook is still open in it")
 
 
 def read(path: str | Path) -> NotebookNode:
@@ -56,7 +56,9 @@ def read(path: str | Path) -> NotebookNode:
                               "(nbformat 4); save it as nbformat 4 (as JupyterLab 4 does)") from exc
         # (never quote the content: the path may lead to a file that is not the learner's)
         why = f"{type(exc).__name__}: {str(exc)[:300]}"
-        if type(exc).__name__ == "NotJSONError":
+        if type(exc).__name__ == "NotJSONError" and not text.strip():
+            why = "the file is empty"
+        elif type(exc).__name__ == "NotJSONError":
             why = "it is not JSON"
             try:
                 json.loads(text)

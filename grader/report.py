@@ -70,7 +70,8 @@ def summary_table(results, expand: bool = True) -> Table:
     reused) in the batch's order; ``expand``: as wide as the console."""
     t = Table(title="batch summary", expand=expand)
     for name in ("learner", "lab", "notebook", "score", "runnable", "statuses"):
-        t.add_column(name, justify="right" if name in ("score", "runnable") else "left")
+        t.add_column(name, justify="right" if name in ("score", "runnable") else "left",
+                     overflow="fold")  # (a narrow terminal wraps a path; it never cuts one)
     for sub, r, reused in results:
         counts = {}
         for e in r.exercises:

@@ -159,7 +159,7 @@ def test_answer_cells_that_lost_their_metadata_are_recognised_by_their_ids():
     answer = _cell(built.nb, "add-answer")
     assert notebook.role(answer) == "answer" and "return a + b" in answer.source
     assert built.notes == ["3 answer cell(s) had lost their metadata (some editors drop it); "
-                           "they were recognised by their cell ids"]
+                           "they were recognised by their cell ids, or by the answer they define"]
     assert notebook.role(_cell(sub, "add-answer")) is None  # the submission is not modified
 
 
@@ -171,3 +171,20 @@ def test_cells_saved_with_windows_line_endings_are_not_edits(tmp_path):
     notebook.write(sub, path)
     built = _run(notebook.read(path))
     assert built.edited == [] and built.notes == []
+
+
+def test_without_ids_or_metadata_an_answer_cell_is_the_last_cell_defining_the_answer():
+    sub = _submission()
+    for i, cell in enumerate(sub.cells):
+        cell.metadata, cell.id = {}, f"mine-{i}"
+    _cell_source = {"add": "def add(a, b):\n    return a + b", "mul": "mul = lambda a, b: a * b"}
+    for cell in sub.cells:
+        for name, source in _cell_source.items():
+            if f"NotImplementedError(\"toy.{name}\")" in cell.source:
+                cell.source = source
+    sub.cells.append(v4.new_code_cell("print(add(2, 3))", id="mine-scratch"))  # uses, not defines
+    built = _run(sub)
+    assert built.missing == ["toy.gpu"]  # its stub is the release's own cell: not an answer
+    answers = {notebook.exercise_of(c): c.source for c in built.nb.cells
+               if notebook.role(c) == "answer"}
+    assert answers == {"toy.add": _cell_source["add"], "toy.mul": _cell_source["mul"]}

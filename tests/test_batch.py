@@ -305,3 +305,10 @@ def test_console_output_into_a_file_keeps_lines_and_paths_whole(tmp_path, capsys
     stub = "NotImplementedError: toy.add is still the stub"
     main(["grade", str(deep / "90_toy.ipynb"), "--out", str(tmp_path / "one"), "--device", "cpu"])
     assert any(stub in line for line in capsys.readouterr().out.splitlines())
+
+
+def test_files_without_a_learners_name_right_in_the_searched_folder_are_each_their_own(tmp_path):
+    for f in ("90_toy-Copy1.ipynb", "Copy of 90_toy (2).ipynb", "dan_90_toy.ipynb"):
+        (tmp_path / f).write_text("{}")
+    assert sorted(s.learner for s in find_submissions([str(tmp_path)])) == [
+        "90_toy-Copy1", "Copy of 90_toy (2)", "dan"]

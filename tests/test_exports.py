@@ -6,6 +6,7 @@ import base64
 import csv
 import json
 import os
+import tempfile
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, replace
 
@@ -128,6 +129,23 @@ def test_two_results_of_one_learner_for_one_lab_count_the_best_and_say_so():
         assert alice["toy:score"] == score
         assert (f"toy: several results (alice_90_toy, again); the best, {counted}, is counted"
                 in alice["grading_errors"])
+
+
+def test_assigned_labs_set_every_maximum_and_a_learner_of_another_lab_keeps_a_row():
+    erin = Graded("erin_91_demo", "erin", ALICE_DEMO)  # erin handed in only a lab not assigned
+    columns, rows = gradebook_rows(SYNTHETIC + [erin], {"toy": 4, "other": 10})
+    assert [c for c in columns if c.endswith(":max")] == ["toy:max", "other:max"]
+    book = {r["learner"]: r for r in rows}
+    assert {r["max_score"] for r in rows} == {"14"}
+    assert (book["erin"]["score"], book["alice"]["score"]) == ("0", "1")  # demo counts nothing
+    assert "erin_91_demo: lab demo is not among the assigned labs" in book["erin"]["grading_errors"]
+
+
+def test_the_class_summary_counts_one_result_per_learner_and_lab_the_best():
+    worse = replace(CAROL_TOY, exercises=tuple(replace(e, status="failed", points=0)
+                                               for e in CAROL_TOY.exercises))
+    toy = class_summary(SYNTHETIC + [Graded("carol_again", "carol", worse)])["labs"]["toy"]
+    assert toy["submissions"] == 3 and toy["scores"] == [1, 1, 2]
 
 
 # --------------------------------------------------------------------------- atomic writes
@@ -321,6 +339,25 @@ def test_outputs_are_capped(tmp_path, erin):
     broken.write_text("{ not json")
     g = Graded("b", "b", erin.result, broken)
     assert "could not be read" in feedback_markdown(g)
+
+
+def test_outputs_name_no_folder_of_the_grading_machine(tmp_path, erin):
+    import sysconfig
+
+    nb = notebook.read(erin.executed)
+    cell = next(c for c in nb.cells if notebook.exercise_of(c) == "toy.add"
+                and notebook.role(c) == "answer")
+    site = sysconfig.get_paths()["purelib"]
+    cell.outputs = [nbformat.v4.new_output(
+        "stream", name="stderr", text=f"{site}/IPython/core/interactiveshell.py:3831: "
+        f"UserWarning: To exit: use 'exit'\n{ROOT}/labs/x.py and {tempfile.gettempdir()}"
+        "/grade-k2j4/work/data.csv\n")]
+    path = tmp_path / "paths.executed.ipynb"
+    notebook.write(nb, path)
+    text = exports.answer_outputs(path)[0]["toy.add"][0].text
+    assert "<site-packages>/IPython/core/interactiveshell.py:3831: UserWarning" in text
+    assert "<course>/labs/x.py and <run>/work/data.csv" in text
+    assert site not in text and str(ROOT) not in text
 
 
 # --------------------------------------------------------------------------- class summary

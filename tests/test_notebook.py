@@ -35,4 +35,10 @@ def test_broken_json_names_line_and_column_and_the_remedy_without_quoting_it(tmp
     message = str(info.value)
     assert "it is not JSON: Expecting property name enclosed in double quotes at line 3, " \
            "column 1" in message
-    assert "File > Save Notebook As" in message and "do-not-quote" not in message
+    assert "fix it there in a text editor" in message and "do-not-quote" not in message
+
+
+def test_an_empty_file_is_called_empty(tmp_path):
+    (tmp_path / "empty.ipynb").write_text("\n")
+    with pytest.raises(GraderError, match=r"not a readable Jupyter notebook \(the file is empty"):
+        notebook.read(tmp_path / "empty.ipynb")

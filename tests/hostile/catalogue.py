@@ -445,7 +445,7 @@ FIXTURES = [
             {s: ("error", "not a readable Jupyter notebook") for s in ("graph-walk", "engine")},
             error="not a readable Jupyter notebook"),
     Fixture("empty-file", "an empty file", A, raw(b""),
-            {"engine": ("error", "not a readable Jupyter notebook")},
+            {"engine": ("error", "not a readable Jupyter notebook (the file is empty)")},
             error="not a readable Jupyter notebook"),
     Fixture("not-a-notebook", "a file that is not a notebook", A,
             raw(b"\x89PNG\r\n\x1a\n" + bytes(range(256))),
@@ -496,7 +496,7 @@ FIXTURES = [
     Fixture("trailing-comma", "a notebook whose JSON is broken by a trailing comma", A,
             raw(b'{"cells": [],\n "metadata": {},\n}'),
             {"engine": ("error", "it is not JSON: Expecting property name enclosed in double "
-                        "quotes at line 3, column 1; download it again from JupyterLab")},
+                        "quotes at line 3, column 1; fix it there in a text editor")},
             error="at line 3, column 1", path="flat/alice_02_autograd.ipynb"),
     Fixture("dropped-metadata", "an editor that drops cell and notebook metadata (ids kept)", A,
             _drop_cell_metadata, notes=("6 answer cell(s) had lost their metadata",)),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -38,16 +39,14 @@ def learner_of(path: Path, root: Path | None = None) -> str:
     """Who submitted ``path``: when ``path`` lies in a folder under the searched folder
     ``root``, that folder (``root/<learner>/...``, whatever the file is called); else the
     prefix of ``<learner>_<NN_lab>.ipynb`` or ``<learner>_<lab>.ipynb`` (copy marks removed:
-    :func:`plain_stem`); else, for ``<NN_lab>.ipynb``, its folder when it was named alone
-    (``alice/02_autograd.ipynb``) or the file's stem when it lies right in ``root``; else the
-    file's stem."""
+    :func:`plain_stem`); else, for ``<NN_lab>.ipynb``, its folder (``alice/02_autograd.ipynb``,
+    or a learner's own folder searched: ``work/``); else the file's stem."""
     if root is not None and len(parts := path.relative_to(root).parts) > 1:
         return parts[0]
     stem = plain_stem(path.stem)
     for lab in lab_ids():
         if re.fullmatch(rf"(?:\d+_)?{re.escape(lab)}", stem, re.IGNORECASE):
-            # right in the searched folder, a file without a learner's name is its own learner
-            return path.stem if root is not None else (path.parent.name or stem)
+            return path.parent.name or stem
         if m := re.fullmatch(rf"(.+?)[ _-]+(?:\d+_)?{re.escape(lab)}", stem, re.IGNORECASE):
             return m.group(1)
     return stem
@@ -74,9 +73,17 @@ def find_submissions(paths: list[str]) -> list[Submission]:
             raise GraderError(f"{p}: no such file or folder")
     if not found:
         raise GraderError(f"no notebooks found in {', '.join(paths)}")
+    # Files without a learner's name right in a searched folder belong to that folder (a
+    # learner's own: alice/, work/); two copies of one lab there are two learners, each named by
+    # its file (a class folder of unnamed files: 02_autograd-Copy1, Copy of 02_autograd (2)).
+    copies = Counter((root, plain_stem(p.stem).lower()) for p, root in found
+                     if root is not None and p.parent == root)
     subs, taken = [], set()
     for p, root in found:
         learner = learner_of(p, root)
+        if (root is not None and p.parent == root and learner == (root.name or p.stem)
+                and copies[(root, plain_stem(p.stem).lower())] > 1):
+            learner = p.stem
         name = p.stem if p.stem.startswith(learner) else f"{learner}-{p.stem}"
         unique, n = name, 1
         while unique in taken:

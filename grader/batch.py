@@ -18,10 +18,10 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Callable, Iterator
 
+from grader import notebook
 from grader.errors import GraderError
 from grader.grade import fingerprint, grade_notebook, record_failure
-from grader import notebook
-from grader.labs import lab_ids, lab_of, load_lab, plain_stem
+from grader.labs import lab_ids, lab_of, plain_stem
 from grader.results import LabResult
 
 
@@ -96,10 +96,7 @@ def find_submissions(paths: list[str]) -> list[Submission]:
 
 def assigned_lab(subs: list[Submission], labs: list[str] | None = None) -> str | None:
     """The one lab a batch assigns, if there is one: the only lab of ``labs`` (``--labs``); or,
-    when ``labs`` is None, the only lab among the submissions that say which lab they are.
-    Raises GraderError for a lab in ``labs`` that does not exist."""
-    for lab in labs or ():
-        load_lab(lab)
+    when ``labs`` is None, the only lab among the submissions that say which lab they are."""
     if labs is not None:
         return labs[0] if len(labs) == 1 else None
     found = set()

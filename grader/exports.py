@@ -214,15 +214,27 @@ def gradebook_rows(graded: list[Graded], assigned: dict[str, float] | None = Non
 def write_gradebook_csv(graded: list[Graded], path: Path,
                         assigned: dict[str, float] | None = None) -> Path:
     """Write :func:`gradebook_rows` as CSV (UTF-8, header row, ``csv`` module quoting) to
-    ``path``, atomically; return ``path``. Raises ValueError as :func:`gradebook_rows` does,
-    OSError when the folder cannot be written."""
+    ``path``, atomically; return ``path``. A cell that a spreadsheet would run as a formula
+    (text starting with ``= + - @``, tab or CR: a learner's name comes from a file name they
+    chose) gets a leading ``'``, which spreadsheets show as text. Raises ValueError as
+    :func:`gradebook_rows` does, OSError when the folder cannot be written."""
     columns, rows = gradebook_rows(graded, assigned)
     with atomic_open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         for row in rows:
-            writer.writerow(row)
+            writer.writerow({k: _as_text(v) for k, v in row.items()})
     return Path(path)
+
+
+def _as_text(cell: str) -> str:
+    """``cell`` as a spreadsheet shows it, never as a formula (points stay numbers)."""
+    if cell[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        try:
+            float(cell)
+        except ValueError:
+            return "'" + cell
+    return cell
 
 
 # --------------------------------------------------------------------------- notebook outputs
@@ -613,8 +625,8 @@ def class_summary(graded: list[Graded]) -> dict:
     Top level: ``submissions``, ``learners`` (distinct), ``ungraded`` (the results with no
     exercises: ``name``, ``learner``, ``error``) and ``labs``, by lab id in first-seen order:
 
-    - ``submissions``, ``grading_errors`` (results with ``error`` set), ``devices`` (count per
-      device), ``max_score`` (points, the largest maximum seen);
+    - ``submissions`` (one per learner: the best), ``grading_errors`` (results with ``error``
+      set), ``devices`` (count per device), ``max_score`` (points, the largest maximum seen);
     - ``score``: ``mean``, ``median``, ``min``, ``max`` in points;
     - ``mean_fraction`` (mean of score / max_score: over the whole lab) and
       ``mean_runnable_fraction`` (mean of score / runnable_max_score over the submissions where

@@ -500,3 +500,13 @@ def test_outputs_of_added_cells_alone_are_shown_and_count_toward_the_caps(tmp_pa
         assert "showed no output" not in text and "line 0" in text
     shown = exports.answer_outputs(path)[0]["toy.add"]
     assert len(shown) == exports.MAX_OUTPUTS + 1 and shown[-1].text == "(more outputs not shown)"
+
+
+def test_a_learner_name_a_spreadsheet_would_run_as_a_formula_is_written_as_text(tmp_path):
+    names = ["=HYPERLINK(1)", "+1+2", "@SUM(A1)", "-x", "alice"]
+    graded = [Graded(f"r{i}", name, ALICE_TOY) for i, name in enumerate(names)]
+    exports.write_gradebook_csv(graded, tmp_path / "book.csv")
+    with open(tmp_path / "book.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["learner"] for r in rows] == ["'=HYPERLINK(1)", "'+1+2", "'@SUM(A1)", "'-x", "alice"]
+    assert {r["score"] for r in rows} == {"1"}

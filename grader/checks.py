@@ -236,7 +236,7 @@ def state_changes() -> list[str]:
     for kind in ("cpu", "cuda"):
         if torch.is_autocast_enabled(kind):
             found.append(f"autocast is on for {kind} (torch.autocast entered and not left)")
-    modes = [type(m).__name__ for m in _function_modes(torch)
+    modes = [type(m).__name__ for m in _function_modes()
              if type(m).__name__ != "DeviceContext"]  # (that one is the default device)
     modes += [type(m).__name__ for m in _dispatch_modes(torch)]
     if modes:
@@ -245,7 +245,7 @@ def state_changes() -> list[str]:
     return found
 
 
-def _function_modes(torch) -> list:
+def _function_modes() -> list:
     from torch.overrides import _get_current_function_mode_stack
 
     return list(_get_current_function_mode_stack())

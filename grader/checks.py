@@ -187,10 +187,16 @@ def _innermost(exc: BaseException):
 
 
 def learner_line(exc: BaseException) -> str:
-    """``" (line N of your code)"`` when ``exc`` was raised in the learner's code, else ``""``.
-    For check messages that report an exception the answer raised."""
+    """``" at line N of your cell: `<that line>`"`` when ``exc`` was raised in the learner's
+    code, else ``""`` (the line's text is quoted when Python can still read it: a notebook
+    shows no line numbers unless the learner turns them on). For check messages that report
+    an exception the answer raised."""
     frame, ours = _innermost(exc)
-    return f" (line {frame.lineno} of your code)" if frame and not ours else ""
+    if not frame or ours:
+        return ""
+    code = (frame.line or "").strip()
+    code = code if len(code) <= 120 else code[:117] + "..."
+    return f" at line {frame.lineno} of your cell" + (f": `{code}`" if code else "")
 
 
 def _blame(exc: BaseException, label: str) -> str:
@@ -329,11 +335,13 @@ def _seeded_rng(seed: int):
 def run_checks(exercise_id: str, answer: Any, *, seed: int = 0, device: str = "cpu",
                hidden: bool = True) -> Verdict:
     """Run the checks of ``exercise_id`` on ``answer`` and return a Verdict; never raises for a
-    wrong or broken answer (only for a lab with no checks: LookupError)."""
-    checks = checks_for(exercise_id, hidden=hidden)
+    wrong or broken answer (only for a lab with no checks: LookupError). Without ``hidden``
+    (the learner's self-check) only the public checks run, numbered as the grader numbers
+    them: "check 2/6" is the same check in the notebook and in the grader's report."""
+    checks = checks_for(exercise_id, hidden=True)
     changed = state_changes()
     with torch_defaults():
-        v = _run(exercise_id, checks, answer, seed, device)
+        v = _run(exercise_id, checks, answer, seed, device, hidden)
     if changed and v.status != "passed":
         note = (f" Note: your notebook had changed torch's global state ({'; '.join(changed)}). "
                 "The checks ran with torch's defaults, but your own cells ran under your "
@@ -344,15 +352,19 @@ def run_checks(exercise_id: str, answer: Any, *, seed: int = 0, device: str = "c
     return v
 
 
-def _run(exercise_id: str, checks: list[Check], answer: Any, seed: int, device: str) -> Verdict:
+def _run(exercise_id: str, every: list[Check], answer: Any, seed: int, device: str,
+         hidden: bool) -> Verdict:
     ctx = CheckContext(seed=seed, device=device)
+    checks = every if hidden else [c for c in every if not c.hidden]
     for done, chk in enumerate(checks):
-        label = f"{'hidden ' if chk.hidden else ''}check {done + 1}/{len(checks)} '{chk.name}' (seed {seed})"
+        label = (f"{'hidden ' if chk.hidden else ''}check {done + 1}/{len(every)} "
+                 f"'{chk.name}' (seed {seed})")
         try:
             with _seeded_rng(seed):
                 chk.fn(answer, ctx)
         except (CheckFailure, AssertionError) as exc:
-            return Verdict(exercise_id, "failed", _clip(f"{label} failed: {exc}"), done, len(checks), seed)
+            return Verdict(exercise_id, "failed", _clip(f"{label} failed: {exc}"), done,
+                           len(checks), seed)
         except Exception as exc:  # reported without the check's source
             if out_of_memory(type(exc).__name__, str(exc)):
                 return Verdict(exercise_id, "crashed", _clip(
@@ -364,5 +376,8 @@ def _run(exercise_id: str, checks: list[Check], answer: Any, seed: int, device: 
             else:
                 msg = _blame(exc, label)
             return Verdict(exercise_id, "error", _clip(msg), done, len(checks), seed)
-    return Verdict(exercise_id, "passed", f"{len(checks)}/{len(checks)} checks passed (seed {seed})",
-                   len(checks), len(checks), seed)
+    n = len(checks)
+    message = (f"{n}/{n} checks passed (seed {seed})" if hidden else
+               f"{n}/{n} public checks passed (seed {seed}); the grader also runs "
+               f"{len(every) - n} hidden check(s) on other inputs")
+    return Verdict(exercise_id, "passed", message, n, n, seed)

@@ -84,6 +84,65 @@ def table(rows: Iterable[Sequence[Any]], header: Sequence[str], *, caption: str 
     return Table(rows, header, caption=caption)
 
 
+#: status -> (badge mark, colour) of a verdict and of a progress row
+BADGES = {"passed": ("✓", "#1a7f37"), "skipped": ("–", "#6e7781"), "not run": ("·", "#6e7781")}
+_FAILING = ("✗", "#cf222e")
+
+
+def _badge(status: str) -> str:
+    mark, colour = BADGES.get(status, _FAILING)
+    return (f'<span style="background:{colour};color:#fff;border-radius:3px;padding:0 6px;'
+            f'font-weight:600;white-space:nowrap">{mark} {html.escape(status)}</span>')
+
+
+def _inline_code(text: str) -> str:
+    """Escaped ``text`` with its `backquoted` spans as ``<code>``."""
+    parts = html.escape(strip_paths(text)).split("`")
+    if len(parts) % 2 == 0:  # an unmatched backquote: leave the text as it is
+        return "`".join(parts)
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+
+
+def verdict(exercise_id: str, title: str, status: str, message: str) -> dict[str, str]:
+    """A self-check verdict as a MIME bundle: a ✓/✗ badge, the exercise, and the message
+    (wrapping at word boundaries, its `quoted code` as code); ``text/plain`` is one line."""
+    mark, colour = BADGES.get(status, _FAILING)
+    text = f"{mark} {exercise_id}: {status} — {strip_paths(message)}"
+    page = (f'<div style="border-left:4px solid {colour};padding:4px 10px;margin:2px 0">'
+            f"{_badge(status)} <b>{html.escape(exercise_id)}</b> · {html.escape(title)}"
+            f'<div style="{_WRAP};margin-top:4px">{_inline_code(message)}</div></div>')
+    return {"text/plain": text, "text/html": page}
+
+
+def progress(title: str, rows: Sequence[tuple[str, str, str, float, float]]) -> dict[str, str]:
+    """A lab's progress as a MIME bundle. ``rows``: (exercise id, title, status of its last
+    self-check or ``not run``, points if the hidden checks pass too, max points)."""
+    done = [r for r in rows if r[2] == "passed"]
+    got, most = sum(r[3] for r in rows), sum(r[4] for r in rows)
+    summary = (f"{title}: public checks pass for {len(done)} of {len(rows)} exercises, "
+               f"{got:g} of {most:g} points if the grader's hidden checks pass too")
+    plain = Table([(r[2], r[0], r[1], f"{r[3]:g}/{r[4]:g}") for r in rows],
+                  ["status", "exercise", "title", "points"], caption=summary)
+    td = "padding:2px 10px;text-align:left"
+    body = "".join(f'<tr><td style="{td}">{_badge(status)}</td><td style="{td}"><code>'
+                   f'{html.escape(ex)}</code></td><td style="{td}">{html.escape(name)}</td>'
+                   f'<td style="{td}">{got_:g} / {most_:g}</td></tr>'
+                   for ex, name, status, got_, most_ in rows)
+    page = (f'<div style="{_WRAP}"><b>{html.escape(summary)}</b></div>'
+            f'<table style="border-collapse:collapse;margin:4px 0">{body}</table>')
+    return {"text/plain": repr(plain), "text/html": page}
+
+
+def hint(exercise_id: str, number: int, total: int, text: str) -> dict[str, str]:
+    """Hint ``number`` of ``total`` for an exercise as a MIME bundle (``text`` is markdown)."""
+    from markdown_it import MarkdownIt
+
+    head = f"Hint {number} of {total} for {exercise_id}"
+    page = (f'<div style="border-left:4px solid #9a6700;padding:2px 10px;margin:2px 0">'
+            f"<b>{html.escape(head)}</b>{MarkdownIt().render(text)}</div>")
+    return {"text/plain": f"{head}: {text}", "text/html": page}
+
+
 def figure_png(fig) -> bytes:
     """A matplotlib ``Figure`` as PNG bytes (tight bounding box, 110 dpi)."""
     buf = io.BytesIO()

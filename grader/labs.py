@@ -129,6 +129,35 @@ def load_lab(lab_id: str) -> Lab:
     return lab
 
 
+#: how many progressive hints each exercise has (labs/<lab>/hints.toml)
+HINTS_PER_EXERCISE = range(2, 4)
+
+
+@functools.lru_cache(maxsize=None)
+def load_hints(lab_id: str) -> dict[str, tuple[str, ...]]:
+    """The lab's hints, ``labs/<lab_id>/hints.toml``: exercise id -> its 2-3 progressive hints
+    (markdown, the first a nudge, the last closest to the approach). Empty when the lab has no
+    such file. Raises GraderError for a malformed file, an id the lab does not have, or a count
+    outside HINTS_PER_EXERCISE."""
+    lab = load_lab(lab_id)
+    path = _tables()[lab_id].parent / "hints.toml"
+    if not path.exists():
+        return {}
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise GraderError(f"{path}: malformed hints ({exc})") from exc
+    known = {e.id for e in lab.exercises}
+    for key, hints in raw.items():
+        if key not in known:
+            raise GraderError(f"{path}: {key!r} is not an exercise of lab {lab_id!r}")
+        if (not isinstance(hints, list) or len(hints) not in HINTS_PER_EXERCISE
+                or not all(isinstance(h, str) and h.strip() for h in hints)):
+            raise GraderError(f"{path}: {key!r} needs a list of {HINTS_PER_EXERCISE.start}-"
+                              f"{HINTS_PER_EXERCISE.stop - 1} non-empty strings")
+    return {key: tuple(h.strip() for h in hints) for key, hints in raw.items()}
+
+
 def plain_stem(stem: str) -> str:
     """A file stem without the marks that copying adds: ``Copy of 02_autograd (2)`` (browsers,
     Google Drive), ``02_autograd-Copy1`` (JupyterLab), ``02_autograd copy 2`` (macOS Finder)

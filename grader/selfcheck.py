@@ -1,21 +1,30 @@
-"""What runs inside the notebook's kernel: the learner's self-check and the grader's check cell.
+"""What runs inside the notebook's kernel: the learner's self-check, progress and hints, and the
+grader's check cell.
 
-Both look up the exercise's answer by the name in the lab's table, in the notebook's namespace
-(``__main__``), and call :func:`grader.checks.run_checks`: the self-check runs the public
-checks, the grader's cell runs public then hidden ones and emits the verdict as one output of
-mimetype :data:`VERDICT_MIME` that the grader reads back.
+The self-check (:func:`check`) and the grader's cell (:func:`grade`) both look up the exercise's
+answer by the name in the lab's table, in the notebook's namespace (``__main__``), and call
+:func:`grader.checks.run_checks`: the self-check runs the public checks, the grader's cell runs
+public then hidden ones and emits the verdict as one output of mimetype :data:`VERDICT_MIME`
+that the grader reads back. :func:`progress` shows every exercise's last self-check, and each
+:func:`check` updates that display; :func:`hint` shows an exercise's next hint
+(``labs/<lab>/hints.toml``), as does the button under a failing verdict.
 """
 from __future__ import annotations
 
-import html
 import sys
 import time
 
+from grader import display as rich
 from grader import guard
 from grader.checks import Verdict, run_checks, torch_defaults
-from grader.labs import load_lab
+from grader.labs import load_hints, load_lab
 
 VERDICT_MIME = "application/vnd.pytorch-internals.verdict+json"
+
+#: exercise id -> the status of its last self-check in this kernel
+_LAST: dict[str, str] = {}
+#: exercise id -> how many of its hints have been shown in this kernel
+_SHOWN: dict[str, int] = {}
 
 
 def _answer(exercise_id: str):
@@ -38,26 +47,103 @@ def _verdict(exercise_id: str, *, seed: int, device: str, hidden: bool) -> Verdi
 
 
 def check(exercise_id: str) -> None:
-    """Run the public checks of ``exercise_id`` and show pass/fail with the message.
+    """Run the public checks of ``exercise_id``, show the verdict (a rich display with a text
+    fallback), update the lab's :func:`progress` display, and under a verdict that is not a
+    pass offer the exercise's hints (a button, where widgets work).
 
     Uses the notebook's ``seed`` and ``device`` parameters when defined (0 and ``cpu`` otherwise).
+    Raises GraderError for an exercise id no lab has.
     """
     from IPython.display import display
 
+    lab = load_lab(exercise_id.split(".", 1)[0])
+    exercise = lab.exercise(exercise_id)
     main = vars(sys.modules["__main__"])
     seed, device = int(main.get("seed", 0)), str(main.get("device", "cpu"))
-    reason = load_lab(exercise_id.split(".", 1)[0]).exercise(exercise_id).unmet(device)
-    if reason:
+    if reason := exercise.unmet(device):
         status, message = "skipped", reason
     else:
         v = _verdict(exercise_id, seed=seed, device=device, hidden=False)
         status, message = v.status, v.message
-    mark, colour = {"passed": ("✓", "#1a7f37"), "skipped": ("–", "#6e7781")}.get(
-        status, ("✗", "#cf222e"))
-    text = f"{mark} {exercise_id}: {status} — {message}"
-    display({"text/plain": text,
-             "text/html": f'<pre style="color:{colour};white-space:pre-wrap">{html.escape(text)}</pre>'},
-            raw=True)
+    _LAST[exercise_id] = status
+    display(rich.verdict(exercise_id, exercise.title, status, message), raw=True)
+    if status not in ("passed", "skipped") and load_hints(lab.id).get(exercise_id):
+        total = len(load_hints(lab.id)[exercise_id])
+        bundle = _hint_panel(exercise_id)._repr_mimebundle_()
+        bundle["text/plain"] = (f'Stuck? {total} hints: run hint("{exercise_id}") to see the '
+                                "next one.")
+        display(bundle, raw=True)
+    display(_progress(lab.id), raw=True, update=True, display_id=_progress_id(lab.id))
+
+
+def progress(lab_id: str) -> None:
+    """Show every exercise of lab ``lab_id`` with the status of its last self-check in this
+    kernel and its points; each later :func:`check` updates this display in place."""
+    from IPython.display import display
+
+    display(_progress(lab_id), raw=True, display_id=_progress_id(lab_id))
+
+
+def _progress_id(lab_id: str) -> str:
+    return f"course-progress-{lab_id}"
+
+
+def _progress(lab_id: str) -> dict[str, str]:
+    lab = load_lab(lab_id)
+    rows = []
+    for e in lab.exercises:
+        status = _LAST.get(e.id, "not run")
+        rows.append((e.id, e.title, status, e.points if status == "passed" else 0, e.points))
+    return rich.progress(lab.title, rows)
+
+
+def hint(exercise_id: str) -> None:
+    """Show the next hint of ``exercise_id`` (each call one more; after the last, all of them
+    again). Raises GraderError for an exercise id no lab has."""
+    from IPython.display import display
+
+    shown = _next_hints(exercise_id)
+    if not shown:
+        display({"text/plain": f"{exercise_id} has no hints."}, raw=True)
+    for number, total, text in shown:
+        display(rich.hint(exercise_id, number, total, text), raw=True)
+
+
+def _next_hints(exercise_id: str) -> list[tuple[int, int, str]]:
+    """(number, total, text) of the hints to show next: the next one, or all when all were
+    shown; [] when the exercise has none."""
+    lab = load_lab(exercise_id.split(".", 1)[0])
+    lab.exercise(exercise_id)
+    hints = load_hints(lab.id).get(exercise_id, ())
+    shown = _SHOWN.get(exercise_id, 0)
+    if shown >= len(hints):
+        return [(i + 1, len(hints), h) for i, h in enumerate(hints)]
+    _SHOWN[exercise_id] = shown + 1
+    return [(shown + 1, len(hints), hints[shown])]
+
+
+def _hint_panel(exercise_id: str):
+    """An ``ipywidgets.VBox`` of a 'Show hint' button and the hints it has revealed (the
+    :func:`hint` count, shared)."""
+    import ipywidgets as widgets
+
+    total = len(load_hints(exercise_id.split(".", 1)[0])[exercise_id])
+    button = widgets.Button(icon="lightbulb-o", layout=widgets.Layout(width="auto"))
+    shown = widgets.HTML()
+
+    def label():
+        left = _SHOWN.get(exercise_id, 0) < total
+        button.description = (f"Show hint {_SHOWN.get(exercise_id, 0) + 1} of {total}" if left
+                               else f"Show all {total} hints again")
+
+    def reveal(_):
+        shown.value = "".join(rich.hint(exercise_id, *h)["text/html"]
+                              for h in _next_hints(exercise_id))
+        label()
+
+    label()
+    button.on_click(reveal)
+    return widgets.VBox([button, shown])
 
 
 def _guarded(exercise_id: str, *, seed: int, device: str) -> Verdict:

@@ -1,4 +1,6 @@
 """run_checks: statuses and learner-facing messages, called directly (milliseconds)."""
+import linecache
+
 import pytest
 import torch
 
@@ -47,14 +49,33 @@ def test_the_stub_is_named_as_the_stub():
     assert v.status == "error" and "toy.add is still the stub" in v.message
 
 
-def test_an_answer_that_raises_is_an_error_pointing_at_the_learners_line():
+def test_an_answer_that_raises_is_an_error_quoting_the_learners_line(monkeypatch):
     src = "def add(a, b):\n    x = 1\n    return a + b + None\n"
+    # IPython keeps each cell's source in linecache under the cell's file name; so do we
+    monkeypatch.setitem(linecache.cache, "/tmp/ipykernel_1/123.py",
+                        (len(src), None, src.splitlines(True), "/tmp/ipykernel_1/123.py"))
     ns = {}
     exec(compile(src, "/tmp/ipykernel_1/123.py", "exec"), ns)
     v = run_checks("toy.add", ns["add"])
     assert v.status == "error"
-    assert "TypeError" in v.message and "(line 3 of your code)" in v.message
+    assert "TypeError" in v.message
+    assert "at line 3 of your cell: `return a + b + None`" in v.message
     assert "checks.py" not in v.message  # no check source or path leaks
+
+
+def test_a_line_python_cannot_read_back_is_given_by_its_number():
+    ns = {}
+    exec(compile("def add(a, b):\n    return a + None\n", "<lost>", "exec"), ns)
+    v = run_checks("toy.add", ns["add"])
+    assert v.message.endswith("at line 2 of your cell"), v.message
+
+
+def test_the_self_check_numbers_checks_as_the_grader_does_and_names_the_hidden_ones():
+    v = run_checks("toy.add", lambda a, b: a + b, seed=1, hidden=False)
+    assert v.message == ("1/1 public checks passed (seed 1); the grader also runs 1 hidden "
+                         "check(s) on other inputs")
+    wrong = run_checks("toy.add", lambda a, b: a - b, hidden=False)
+    assert wrong.message.startswith("check 1/2 "), wrong.message  # 2: public and hidden
 
 
 def test_an_answer_of_the_wrong_type_is_asked_about_not_blamed_for_raising():

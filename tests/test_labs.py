@@ -6,7 +6,8 @@ import pytest
 
 from grader import notebook
 from grader.errors import GraderError
-from grader.labs import lab_from_name, lab_of, plain_stem
+from grader import labs
+from grader.labs import lab_from_name, lab_ids, lab_of, load_hints, load_lab, plain_stem
 from tests.conftest import FIXTURES, ROOT
 
 TOY = notebook.read(FIXTURES / "notebooks" / "90_toy.ipynb")
@@ -54,3 +55,30 @@ def test_a_few_shared_ids_are_not_enough_to_name_a_lab():
     nb.cells[0].id, nb.cells[1].id = "a-s1-title", "a-s1-edges"  # two of autograd's own ids
     with pytest.raises(GraderError):
         lab_of(nb, "homework.ipynb")
+
+
+@pytest.mark.parametrize("lab_id", [lab for lab in lab_ids() if lab != "toy"])
+def test_every_exercise_of_a_course_lab_has_two_or_three_hints(lab_id):
+    hints = load_hints(lab_id)
+    assert set(hints) == {e.id for e in load_lab(lab_id).exercises}
+    assert all(len(h) in (2, 3) for h in hints.values())
+
+
+@pytest.mark.parametrize("text, why", [
+    ('"toy.nope" = ["a", "b"]', "'toy.nope' is not an exercise of lab 'toy'"),
+    ('"toy.add" = ["only one"]', "'toy.add' needs a list of 2-3 non-empty strings"),
+    ('"toy.add" = ["a", " "]', "needs a list of 2-3 non-empty strings"),
+    ('"toy.add" = [', "malformed hints"),
+])
+def test_a_malformed_hints_file_is_refused_with_the_reason(tmp_path, monkeypatch, text, why):
+    table = tmp_path / "toy" / "lab.toml"
+    table.parent.mkdir()
+    table.write_text((FIXTURES / "labs" / "toy" / "lab.toml").read_text())
+    (table.parent / "hints.toml").write_text(text)
+    monkeypatch.setattr(labs, "_tables", lambda: {"toy": table})
+    load_hints.cache_clear()
+    try:
+        with pytest.raises(GraderError, match=why):
+            load_hints("toy")
+    finally:
+        load_hints.cache_clear()

@@ -1,10 +1,14 @@
 """The in-notebook API, called in-process with __main__ standing in for the kernel's namespace
-(outside a kernel, IPython's display prints the mimebundle)."""
+and IPython's ``display`` recorded: verdicts, progress, hints and the grader's check cell."""
 import sys
 
 import pytest
 
-from grader.selfcheck import VERDICT_MIME, check, grade
+import grader.selfcheck as selfcheck
+from grader.errors import GraderError
+from grader.selfcheck import VERDICT_MIME, check, grade, hint, progress
+
+WIDGET = "application/vnd.jupyter.widget-view+json"
 
 
 @pytest.fixture
@@ -13,30 +17,103 @@ def main(monkeypatch):
     namespace = sys.modules["__main__"]
     for name in ("add", "mul", "gpu_value", "seed", "device"):
         monkeypatch.delattr(namespace, name, raising=False)
+    monkeypatch.setattr(selfcheck, "_LAST", {})
+    monkeypatch.setattr(selfcheck, "_SHOWN", {})
     return lambda **names: [monkeypatch.setattr(namespace, k, v, raising=False)
                             for k, v in names.items()]
 
 
-def test_check_runs_the_public_checks_with_the_notebooks_seed(main, capsys):
+@pytest.fixture
+def shown(monkeypatch):
+    """Every display call as (bundle, keyword arguments), in order."""
+    import IPython.display
+
+    calls = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj, **kw: calls.append((obj, kw)))
+    return calls
+
+
+def test_check_shows_a_rich_verdict_that_names_the_hidden_checks(main, shown):
     main(add=lambda a, b: a + b, seed=4)
     check("toy.add")
-    out = capsys.readouterr().out
-    assert "✓ toy.add: passed — 1/1 checks passed (seed 4)" in out  # public only: 1 of 2
+    verdict = shown[0][0]
+    assert verdict["text/plain"] == ("✓ toy.add: passed — 1/1 public checks passed (seed 4); the "
+                                     "grader also runs 1 hidden check(s) on other inputs")
+    page = verdict["text/html"]
+    assert "✓ passed" in page and "Add two numbers" in page and "<pre" not in page
+    assert "word-break:normal" in page  # JupyterLab's <pre> breaks words anywhere
+    assert not any(WIDGET in b for b, _ in shown)  # no hints offered for a pass
 
 
-def test_check_says_when_the_answer_is_not_defined(main, capsys):
+def test_a_failing_verdict_quotes_code_as_code_and_offers_the_hints(main, shown):
+    main(add=lambda a, b: a - b)
     check("toy.add")
-    assert "✗ toy.add: error — `add` is not defined" in capsys.readouterr().out
+    verdict, button = shown[0][0], shown[1][0]
+    assert verdict["text/plain"].startswith("✗ toy.add: failed — check 1/2 ")
+    assert WIDGET in button and button["text/plain"] == (
+        'Stuck? 2 hints: run hint("toy.add") to see the next one.')
 
 
-def test_check_skips_what_this_machine_cannot_run(main, capsys):
+def test_the_hint_button_reveals_the_hints_one_at_a_time_in_step_with_hint(main, shown):
+    button, revealed = selfcheck._hint_panel("toy.mul").children
+    assert button.description == "Show hint 1 of 3" and revealed.value == ""
+    button.click()
+    assert "Hint 1 of 3 for toy.mul" in revealed.value and "<code>*</code>" in revealed.value
+    assert button.description == "Show hint 2 of 3"
+    hint("toy.mul")  # the function and the button share one count
+    assert shown[-1][0]["text/plain"].startswith("Hint 2 of 3 for toy.mul: ")
+    button.click()
+    assert "Hint 3 of 3" in revealed.value and "Hint 2 of 3" not in revealed.value
+    assert button.description == "Show all 3 hints again"
+
+
+def test_hint_shows_the_next_hint_then_all_again(main, shown):
+    for _ in range(3):
+        hint("toy.add")
+    texts = [b["text/plain"] for b, _ in shown]
+    assert texts[0] == "Hint 1 of 2 for toy.add: Python's `+` adds two numbers."
+    assert texts[1].startswith("Hint 2 of 2") and len(texts) == 4  # then both again
+    assert texts[2].startswith("Hint 1 of 2") and texts[3].startswith("Hint 2 of 2")
+
+
+def test_hint_says_so_when_an_exercise_has_none_and_refuses_unknown_ids(main, shown):
+    hint("toy.gpu")
+    assert shown[0][0] == {"text/plain": "toy.gpu has no hints."}
+    with pytest.raises(GraderError, match="no exercise 'toy.nope'"):
+        hint("toy.nope")
+
+
+def test_progress_is_one_display_that_each_check_updates(main, shown):
+    progress("toy")
+    first, kw = shown[0]
+    assert kw["display_id"] == "course-progress-toy" and "update" not in kw
+    assert "public checks pass for 0 of 3 exercises, 0 of 4 points" in first["text/plain"]
+    main(add=lambda a, b: a + b, mul=lambda a, b: a + b)
+    check("toy.add")
+    check("toy.mul")
+    updates = [(b, kw) for b, kw in shown if kw.get("update")]
+    assert [kw["display_id"] for _, kw in updates] == ["course-progress-toy"] * 2
+    last = updates[-1][0]["text/plain"]
+    assert "public checks pass for 1 of 3 exercises, 1 of 4 points" in last
+    rows = [line.split("  toy.")[0].strip() for line in last.splitlines()[3:]]
+    assert rows == ["passed", "failed", "not run"]
+    assert "✗ failed" in updates[-1][0]["text/html"]
+
+
+def test_check_says_when_the_answer_is_not_defined(main, shown):
+    check("toy.add")
+    assert shown[0][0]["text/plain"].startswith("✗ toy.add: error — `add` is not defined")
+    assert "<code>add</code> is not defined" in shown[0][0]["text/html"]
+
+
+def test_check_skips_what_this_machine_cannot_run(main, shown):
     main(gpu_value=42, device="cpu")
     check("toy.gpu")
-    assert "– toy.gpu: skipped — needs cuda" in capsys.readouterr().out
+    assert shown[0][0]["text/plain"].startswith("– toy.gpu: skipped — needs cuda")
 
 
-def test_grade_emits_the_full_verdict_for_the_grader(main, capsys):
+def test_grade_emits_the_full_verdict_for_the_grader(main, shown):
     main(add=lambda a, b: a + b)
     grade("toy.add", seed=9, device="cpu")
-    out = capsys.readouterr().out
-    assert VERDICT_MIME in out and "'total': 2" in out and "'status': 'passed'" in out
+    payload = shown[0][0][VERDICT_MIME]
+    assert (payload["status"], payload["total"], payload["seed"]) == ("passed", 2, 9)

@@ -36,16 +36,22 @@ venv: $(STAMP)
 grade: $(STAMP)
 	$(PY) -m grader grade $(SUBMISSION) $(GRADE_OUT) $(GRADE_JOBS) $(GRADE_ARGS)
 
-# The whole suite: the release is current, the solution notebooks run top to bottom (nbval,
-# lax mode), the grader's and every exercise's tests.
+# What learners read is formatted (ruff, lines of at most 99 characters, pyproject.toml).
+FORMATTED := solutions $(wildcard labs/*/viz.py)
+
+# The whole suite: the release is current, what learners read is formatted, the solution
+# notebooks run top to bottom (nbval, lax mode), the grader's and every exercise's tests, and a
+# learner's session in JupyterLab in a real browser (tests/test_browser.py).
 test: $(STAMP)
 	$(PY) -m grader release --check
+	$(PY) -m ruff format --check $(FORMATTED)
+	$(PY) -m ruff check --select E501 $(FORMATTED) notebooks grader
 	$(PY) -m pytest tests solutions --nbval-lax
 
 # Learners work on copies in work/ (never overwritten), so notebooks/ stays the clean release.
+# JupyterLab opens on the first lab, with the course's kernel and settings (build/jupyter/).
 lab: $(STAMP)
-	mkdir -p work && cp -n notebooks/*.ipynb work/
-	$(VENV)/bin/jupyter lab work/ $(if $(filter 0,$(shell id -u)),--allow-root)
+	$(PY) -m grader lab work
 
 release: $(STAMP)
 	$(PY) -m grader release

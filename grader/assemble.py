@@ -105,7 +105,8 @@ def assemble(release: NotebookNode, submission: NotebookNode, lab: Lab, *, seed:
     if relabelled:
         notes.append(f"{relabelled} answer cell(s) had lost their metadata (some editors drop "
                      "it); they were recognised by their cell ids, or by the answer they define")
-    code_answered = {ex for ex, found in answers.items() if any(c.cell_type == "code" for c in found)}
+    code_answered = {ex for ex, found in answers.items()
+                     if any(c.cell_type == "code" for c in found)}
 
     cells = list(attached.get(None, []))
     for rel in release.cells:

@@ -134,7 +134,8 @@ class Verdict:
 
     ``status`` is ``passed`` (every check passed), ``failed`` (a check found the answer wrong),
     ``error`` (the answer raised, or is missing) or ``crashed`` (it ran out of memory).
-    ``passed``/``total`` count checks; checks stop at the first miss, so ``passed`` is how far the answer got.
+    ``passed``/``total`` count the checks run; checks stop at the first miss, so ``passed`` is
+    how far the answer got.
     """
 
     exercise: str

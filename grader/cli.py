@@ -71,6 +71,15 @@ def cmd_release(args, console: Console) -> int:
     return 0
 
 
+def cmd_lab(args, console: Console) -> int:
+    from grader.lab import launch
+
+    console.print(f"JupyterLab on the first lab in {args.folder}/ (your copies; never "
+                  "overwritten); stop it with Ctrl-C")
+    launch(args.folder, args.home)
+    return 0  # (not reached: launch replaces this process)
+
+
 def cmd_grade(args, console: Console) -> int:
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                TimeElapsedColumn, TimeRemainingColumn)
@@ -186,6 +195,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="write nothing; exit 1 naming each notebook that is out of date")
     rel.add_argument("--root", type=Path, default=Path("."), help="course root (default: .)")
     rel.set_defaults(func=cmd_release)
+
+    lab = sub.add_parser("lab", help="open JupyterLab on the first lab, with the course's "
+                         "kernel and settings")
+    lab.add_argument("folder", nargs="?", type=Path, default=Path("work"),
+                     help="where your copies of the released notebooks are, or go (default: "
+                     "work)")
+    lab.add_argument("--home", type=Path, default=Path("build/jupyter"),
+                     help="where the course's kernelspec and JupyterLab settings are written "
+                     "(default: build/jupyter)")
+    lab.set_defaults(func=cmd_lab)
 
     grade = sub.add_parser("grade", help="grade notebooks (files or folders of .ipynb)",
                            epilog=GRADE_EPILOG,

@@ -221,7 +221,8 @@ def _verdict(cell: NotebookNode, exercise: str, key: bytes) -> tuple[dict | None
     displayed instead)."""
     forged = False
     for o in cell.get("outputs", []):
-        data = o.get("data", {}).get(VERDICT_MIME) if o.get("output_type") == "display_data" else None
+        shown = o.get("output_type") == "display_data"
+        data = o.get("data", {}).get(VERDICT_MIME) if shown else None
         if isinstance(data, dict):
             found = guard.sealed(data, key)
             if found is not None and found.get("exercise") == exercise:

@@ -68,8 +68,9 @@ def _message(ex: Exercise, outcome: Outcome, missing: bool, markdown: bool) -> s
 
 def _failed_result(lab: Lab | None, path: Path, env: Environment, reason: str,
                    started: float) -> LabResult:
-    exercises = tuple(ExerciseResult(e.id, e.title, "error", 0.0, e.points,
-                                     f"not graded: {reason}") for e in (lab.exercises if lab else ()))
+    why = f"not graded: {reason}"
+    exercises = tuple(ExerciseResult(e.id, e.title, "error", 0.0, e.points, why)
+                      for e in (lab.exercises if lab else ()))
     return LabResult(lab=lab.id if lab else "unknown", notebook=str(path), exercises=exercises,
                      environment=env, duration_s=round(time.monotonic() - started, 3),
                      error=reason)
@@ -153,7 +154,8 @@ def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int 
 
 def record_failure(path: Path, out_dir: Path, *, name: str, learner: str | None, device: str,
                    seed: int, reason: str, assigned: str | None = None) -> LabResult:
-    """Write and return the result of a notebook that could not be graded at all, for ``reason``."""
+    """Write and return the result of a notebook that could not be graded at all, for
+    ``reason``."""
     result = replace(_failed_result(_lab_from_name(path, assigned), path,
                                     Environment.current(device, seed), reason, time.monotonic()),
                      learner=learner, notebook=str(path.absolute()))
@@ -219,7 +221,8 @@ def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *
         elif (o := outcomes.get(e.id)) is not None:
             results.append(ExerciseResult(
                 e.id, e.title, o.status, e.points if o.status == "passed" else 0.0, e.points,
-                _message(e, o, e.id in built.missing, e.id in built.markdown), round(o.duration_s, 3)))
+                _message(e, o, e.id in built.missing, e.id in built.markdown),
+                round(o.duration_s, 3)))
         else:
             results.append(ExerciseResult(e.id, e.title, "error", 0.0, e.points,
                                           f"not graded: {error or 'its checks never ran'}"))

@@ -79,7 +79,8 @@ _STATE: dict = {}
 def _course_modules(lab_id: str) -> list[tuple[str, object]]:
     return [(name, m) for name, m in list(sys.modules.items())
             if m is not None and (name == "grader" or name.startswith("grader.")
-                                  or name == f"labs.{lab_id}" or name.startswith(f"labs.{lab_id}."))]
+                                  or name == f"labs.{lab_id}"
+                                  or name.startswith(f"labs.{lab_id}."))]
 
 
 def _entries(lab_id: str, _course_modules=_course_modules) -> dict[str, tuple[object, object]]:

@@ -36,7 +36,7 @@ class Exercise:
     timeout: float = 120.0
 
     def unmet(self, device: str) -> str | None:
-        """Why this exercise cannot run on ``device`` (``cpu``/``cuda``) here, or None if it can."""
+        """Why this exercise cannot run on ``device`` (``cpu``/``cuda``) here; None if it can."""
         for need in self.requires:
             if need == "cpu":
                 continue

@@ -43,7 +43,8 @@ def read(path: str | Path) -> NotebookNode:
     larger than MAX_NOTEBOOK_BYTES."""
     size = Path(path).stat().st_size if Path(path).is_file() else 0
     if size > MAX_NOTEBOOK_BYTES:
-        raise GraderError(f"{path}: {size / 1e6:.0f} MB is more than the {MAX_NOTEBOOK_BYTES / 1e6:.0f} "
+        raise GraderError(f"{path}: {size / 1e6:.0f} MB is more than the "
+                          f"{MAX_NOTEBOOK_BYTES / 1e6:.0f} "
                           "MB a submission may be; clear its outputs (Edit > Clear Outputs of All "
                           "Cells) and save it again")
     try:
@@ -53,7 +54,8 @@ def read(path: str | Path) -> NotebookNode:
         if "Unsupported nbformat version" in str(exc):
             version = str(exc).rsplit(" ", 1)[-1]
             raise GraderError(f"{path}: saved as nbformat {version}, newer than the grader reads "
-                              "(nbformat 4); save it as nbformat 4 (as JupyterLab 4 does)") from exc
+                              "(nbformat 4); save it as nbformat 4 (as JupyterLab 4 does)"
+                              ) from exc
         # (never quote the content: the path may lead to a file that is not the learner's)
         why = f"{type(exc).__name__}: {str(exc)[:300]}"
         if type(exc).__name__ == "NotJSONError" and not text.strip():
@@ -101,7 +103,9 @@ def describe(cell: NotebookNode) -> str:
     """How a learner finds a cell (JupyterLab does not show ids): its first non-empty line."""
     first = next((line.strip() for line in cell.source.splitlines() if line.strip()), "")
     first = first if len(first) <= 60 else first[:57] + "..."
-    return f'the {cell.cell_type} cell starting "{first}"' if first else f"an empty {cell.cell_type} cell"
+    if not first:
+        return f"an empty {cell.cell_type} cell"
+    return f'the {cell.cell_type} cell starting "{first}"'
 
 
 def code_of(nb: NotebookNode, wanted_role: str, exercise: str | None = None) -> list[str]:

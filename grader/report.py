@@ -33,7 +33,8 @@ def table(result: LabResult) -> Table:
     env = result.environment
     t = Table(title=safe(f"{result.lab} — {result.notebook}"),
               caption=(f"score {result.score:g}/{result.max_score:g} "
-                       f"(over what could run here: {result.score:g}/{result.runnable_max_score:g})"
+                       f"(over what could run here: "
+                       f"{result.score:g}/{result.runnable_max_score:g})"
                        f" · seed {env.seed} · {env.device} · torch {env.torch_version}"
                        f" · {result.duration_s:.1f} s"),
               expand=True)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 #: prctl option (linux/prctl.h)
 PR_SET_CHILD_SUBREAPER = 36
-#: variables the kernel inherits from the grader's environment (when set); everything else is dropped
+#: variables the kernel inherits from the grader's environment (when set); all else is dropped
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "LD_LIBRARY_PATH",
               "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 

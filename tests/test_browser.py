@@ -1,0 +1,132 @@
+"""A learner's session in a real browser: JupyterLab (started as ``make lab`` starts it, on a free
+loopback port with a token) and Debian's ``chromium`` driven by Playwright's Python package
+(``executable_path``: never a browser download). The released lab 1 notebook is opened, run
+top to bottom, a hint is revealed, the reference answer of one exercise is typed into its answer
+cell, and that exercise's check then passes and the progress display counts it.
+
+Screenshots are written to ``build/browser/`` (CI keeps them as artifacts). Skipped, with the
+reason, where ``chromium`` or Playwright is missing (``.ci/run`` installs chromium).
+"""
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from grader import notebook
+from grader.lab import command, copy_releases, display_name, prepare
+from grader.labs import load_lab
+from tests.conftest import ROOT
+
+CHROMIUM = shutil.which("chromium")
+SHOTS = ROOT / "build" / "browser"
+#: the flags that keep chromium quiet, local and headless (see platform-notes)
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+pytestmark = [
+    pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get "
+                       "install chromium; .ci/run installs it)"),
+]
+sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed")
+
+
+@pytest.fixture
+def jupyterlab(tmp_path):
+    """(base URL, token) of a JupyterLab on the learner's copies of the releases in
+    ``tmp_path/work``, with the course's kernel and settings under ``tmp_path/home``."""
+    copy_releases(tmp_path / "work")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = secrets.token_hex(16)
+    env = os.environ | prepare(tmp_path / "home")
+    first = load_lab("dispatcher").release_path.name
+    log = open(tmp_path / "jupyterlab.log", "w")
+    server = subprocess.Popen(
+        command(tmp_path / "work" / first, "--no-browser", "--ServerApp.ip=127.0.0.1",
+                f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+                f"--IdentityProvider.token={token}"),
+        env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, (
+                    (tmp_path / "jupyterlab.log").read_text()[-3000:])
+                time.sleep(0.2)
+        yield url, token
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()
+
+
+def _outputs(cell):
+    return cell.locator(".jp-OutputArea-output")
+
+
+def test_a_learner_runs_the_lab_reads_a_hint_and_passes_an_exercise(jupyterlab):
+    url, token = jupyterlab
+    lab = load_lab("dispatcher")
+    first = lab.exercises[0]
+    answer = "\n".join(notebook.code_of(
+        notebook.read(ROOT / "solutions" / f"{lab.notebook}.ipynb"), "answer", first.id))
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.set_default_timeout(60_000)
+        page.goto(f"{url}/lab/tree/{lab.release_path.name}?token={token}")
+        # the notebook opens directly (no launcher), on the course's kernel, line numbers on
+        page.get_by_text(f"{display_name()} | Idle").wait_for()
+        assert page.locator(".jp-Launcher").count() == 0
+        assert page.locator(".cm-lineNumbers").count() > 0
+
+        page.locator(".lm-MenuBar-itemLabel", has_text="Run").click()
+        page.locator(".lm-Menu-itemLabel").get_by_text("Run All Cells", exact=True).click()
+        stubs = page.locator(".jp-OutputArea-output", has_text="is still the stub")
+        stubs.nth(len(lab.exercises) - 1).wait_for()  # the last check has run
+        page.get_by_text(f"{display_name()} | Idle").wait_for()
+        assert stubs.count() == len(lab.exercises)
+        assert page.locator(".jp-OutputArea-output", has_text="✗ error").count() >= len(
+            lab.exercises)
+        assert page.locator(".jp-mod-outputsScrolled, .jp-OutputArea-output pre",
+                            has_text="Traceback").count() == 0
+        progress = page.locator(".jp-OutputArea-output", has_text="public checks pass for")
+        assert progress.first.inner_text().count("✗ error") == len(lab.exercises)
+        page.screenshot(path=SHOTS / "1-run-all.png")
+
+        button = page.get_by_role("button", name="Show hint 1 of").first
+        button.scroll_into_view_if_needed()
+        button.click()
+        page.locator(".jp-OutputArea-output", has_text=f"Hint 1 of").first.wait_for()
+        assert page.get_by_role("button", name="Show hint 2 of").count() == 1
+        page.screenshot(path=SHOTS / "2-hint.png")
+
+        cells = page.locator(".jp-CodeCell")
+        cell = cells.filter(has_text=f'NotImplementedError("{first.id}")').first
+        cell.scroll_into_view_if_needed()
+        cell.locator(".cm-content").click()
+        page.keyboard.press("Control+A")
+        page.keyboard.insert_text(answer)
+        page.keyboard.press("Shift+Enter")  # runs the answer cell, selects its check cell
+        page.keyboard.press("Shift+Enter")  # runs the check
+        check = cells.filter(has_text=f'check("{first.id}")').first
+        _outputs(check).filter(has_text="✓ passed").wait_for()
+        assert "hidden check" in _outputs(check).first.inner_text()
+        assert "public checks pass for 1 of" in progress.first.inner_text()
+        check.screenshot(path=SHOTS / "3-pass.png")
+        page.locator(".jp-Notebook").press("Control+Home")
+        page.screenshot(path=SHOTS / "4-progress.png")
+        browser.close()
+    assert time.monotonic() - start < 120

@@ -102,9 +102,17 @@ def test_a_learner_runs_the_lab_reads_a_hint_and_passes_an_exercise(jupyterlab):
             lab.exercises)
         assert page.locator(".jp-mod-outputsScrolled, .jp-OutputArea-output pre",
                             has_text="Traceback").count() == 0
+        pictures = page.locator(".jp-RenderedImage img")
+        assert pictures.count() >= 3  # the storage pictures and the dispatch-key bars
+        explorers = page.locator(".jp-OutputArea-output .widget-dropdown select")
+        assert explorers.count() >= 2  # the view explorer and the TLS explorer render
         progress = page.locator(".jp-OutputArea-output", has_text="public checks pass for")
-        assert progress.first.inner_text().count("✗ error") == len(lab.exercises)
+        assert progress.first.text_content().count("✗ error") == len(lab.exercises)
         page.screenshot(path=SHOTS / "1-run-all.png")
+        explorers.first.scroll_into_view_if_needed()
+        page.wait_for_timeout(300)
+        explorers.first.locator("xpath=ancestor::div[contains(@class, 'jp-OutputArea')][1]"
+                                ).screenshot(path=SHOTS / "5-view-explorer.png")
 
         button = page.get_by_role("button", name="Show hint 1 of").first
         button.scroll_into_view_if_needed()
@@ -123,10 +131,12 @@ def test_a_learner_runs_the_lab_reads_a_hint_and_passes_an_exercise(jupyterlab):
         page.keyboard.press("Shift+Enter")  # runs the check
         check = cells.filter(has_text=f'check("{first.id}")').first
         _outputs(check).filter(has_text="✓ passed").wait_for()
-        assert "hidden check" in _outputs(check).first.inner_text()
-        assert "public checks pass for 1 of" in progress.first.inner_text()
+        assert "hidden check" in _outputs(check).first.text_content()
+        assert "public checks pass for 1 of" in progress.first.text_content()
         check.screenshot(path=SHOTS / "3-pass.png")
-        page.locator(".jp-Notebook").press("Control+Home")
-        page.screenshot(path=SHOTS / "4-progress.png")
+        top = cells.filter(has_text=f'progress("{lab.id}")').first
+        top.scroll_into_view_if_needed()
+        page.wait_for_timeout(300)  # (cells scrolled into view render on the next frame)
+        top.screenshot(path=SHOTS / "4-progress.png")
         browser.close()
     assert time.monotonic() - start < 120

@@ -84,12 +84,15 @@ def assemble(release: NotebookNode, submission: NotebookNode, lab: Lab, *, seed:
     # Cells whose id matches no release cell (saved before nbformat 4.5 gave cells ids, or
     # re-created) are matched by their content to the release cells no id claimed.
     claimed = {c.get("id") for c in submission.cells if notebook.role(c) != "answer"}
-    by_content = {}
-    for c in reversed(kept.values()):
+    # (cells of the same content, e.g. the progress cells at the top and the end, in order)
+    by_content: dict[tuple[str, str], list[NotebookNode]] = {}
+    for c in kept.values():
         if c.id not in claimed:
-            by_content[(c.cell_type, c.source)] = c
+            by_content.setdefault((c.cell_type, c.source), []).append(c)
     for cell in submission.cells:
-        rel = kept.get(cell.get("id")) or by_content.pop((cell.cell_type, cell.source), None)
+        rel = kept.get(cell.get("id"))
+        if rel is None and (same := by_content.get((cell.cell_type, cell.source))):
+            rel = same.pop(0)
         if rel is not None and notebook.role(cell) != "answer":
             anchor = rel.id
             seen_release.append(rel.id)

@@ -30,9 +30,10 @@ def _run(sub, **kw):
 
 def test_release_as_submission_runs_release_cells_with_grade_cells_for_self_checks():
     built = _run(_submission())
-    assert _ids(built.nb) == ["grader-prologue", "intro", "parameters", "setup", "add-md", "add-answer",
-                              "grade-toy-add", "mul-md", "mul-answer", "grade-toy-mul", "gpu-md",
-                              "gpu-answer", "grade-toy-gpu", "outro"]
+    assert _ids(built.nb) == ["grader-prologue", "intro", "parameters", "setup", "progress-top",
+                              "add-md", "add-answer", "grade-toy-add", "mul-md", "mul-answer",
+                              "grade-toy-mul", "gpu-md", "gpu-answer", "grade-toy-gpu", "outro",
+                              "progress-end"]
     grade = _cell(built.nb, "grade-toy-add")
     assert "_grade('toy.add', seed=7, device='cpu')" in grade.source
     assert "_arm('toy')" in _cell(built.nb, "grader-prologue").source
@@ -63,7 +64,7 @@ def test_moved_release_cells_run_in_release_order_and_are_noted():
     sub.cells.remove(outro)
     sub.cells.insert(0, outro)
     built = _run(sub)
-    assert _ids(built.nb)[-1] == "outro"
+    assert _ids(built.nb)[-2:] == ["outro", "progress-end"]
     assert len(built.notes) == 1 and built.notes[0].startswith("cells of the release were moved")
 
 
@@ -139,7 +140,9 @@ def test_skipped_exercises_neither_run_their_answers_nor_get_a_grade_cell():
     assert built.skipped == {"toy.gpu": "needs cuda"}
 
 
-def test_cells_without_the_release_ids_are_matched_by_content():
+def test_cells_without_the_release_ids_are_matched_by_content_even_two_alike():
+    assert [c.id for c in RELEASE.cells if c.source == 'progress("toy")'] == [
+        "progress-top", "progress-end"]
     sub = _submission()
     for i, cell in enumerate(sub.cells):  # as read from nbformat 3 / 4.4: ids made up
         cell.id = f"cell-{i}"

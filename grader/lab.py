@@ -65,9 +65,11 @@ def prepare(home: Path) -> dict[str, str]:
 
 
 def command(notebook: Path, *extra: str) -> list[str]:
-    """The command line of a JupyterLab that opens ``notebook`` (its folder as the root)."""
+    """The command line of a JupyterLab that opens ``notebook`` (its folder as the root), in
+    the browser it starts and at the URL it prints (for a browser elsewhere)."""
     root = ["--allow-root"] if hasattr(os, "getuid") and os.getuid() == 0 else []
-    return [sys.executable, "-m", "jupyterlab", str(notebook), *root, *extra]
+    return [sys.executable, "-m", "jupyterlab", str(notebook),
+            f"--LabApp.default_url=/lab/tree/{notebook.name}", *root, *extra]
 
 
 def launch(folder: Path, home: Path) -> None:

@@ -42,3 +42,4 @@ def test_jupyterlab_opens_the_notebook_itself(tmp_path):
     cmd = command(tmp_path / "01_dispatcher.ipynb", "--no-browser")
     assert cmd[:3] == [sys.executable, "-m", "jupyterlab"]
     assert cmd[3] == str(tmp_path / "01_dispatcher.ipynb") and cmd[-1] == "--no-browser"
+    assert "--LabApp.default_url=/lab/tree/01_dispatcher.ipynb" in cmd  # the URL printed

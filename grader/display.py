@@ -34,8 +34,10 @@ def _prefixes() -> list[str]:
 
 def strip_paths(text: str) -> str:
     """``text`` with installation, temp and build folder prefixes removed from the paths in it
-    (``/…/site-packages/torch/_ops.py`` becomes ``torch/_ops.py``; ``/tmp/ipykernel_1/2.py``
-    becomes ``ipykernel_1/2.py``); torch's own CI build prefix (``/__w/pytorch/pytorch/``) too."""
+    (``/…/site-packages/torch/_ops.py`` becomes ``torch/_ops.py``), torch's own CI build prefix
+    (``/__w/pytorch/pytorch/``) too, and the file IPython compiles a cell into
+    (``/tmp/ipykernel_1/2.py``, a new name in every run) shown as ``<notebook cell>``."""
+    text = re.sub(r"[\w./-]*ipykernel_\d+/\d+\.py", "<notebook cell>", text)
     for prefix in [*_prefixes(), "/__w/pytorch/pytorch/"]:
         text = text.replace(prefix, "")
     return text

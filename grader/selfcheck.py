@@ -17,7 +17,7 @@ import time
 from grader import display as rich
 from grader import guard
 from grader.checks import Verdict, run_checks, torch_defaults
-from grader.labs import load_hints, load_lab
+from grader.labs import lab_ids, load_hints, load_lab
 
 VERDICT_MIME = "application/vnd.pytorch-internals.verdict+json"
 
@@ -52,10 +52,13 @@ def check(exercise_id: str) -> None:
     pass offer the exercise's hints (a button, where widgets work).
 
     Uses the notebook's ``seed`` and ``device`` parameters when defined (0 and ``cpu`` otherwise).
-    Raises GraderError for an exercise id no lab has.
+    An exercise id no lab has is shown as an error naming the lab's ids (nothing is raised).
     """
     from IPython.display import display
 
+    if unknown := _unknown(exercise_id):
+        display(unknown, raw=True)
+        return
     lab = load_lab(exercise_id.split(".", 1)[0])
     exercise = lab.exercise(exercise_id)
     main = vars(sys.modules["__main__"])
@@ -81,6 +84,9 @@ def progress(lab_id: str) -> None:
     kernel and its points; each later :func:`check` updates this display in place."""
     from IPython.display import display
 
+    if lab_id not in lab_ids():
+        display(_unknown(f"{lab_id}."), raw=True)
+        return
     display(_progress(lab_id), raw=True, display_id=_progress_id(lab_id))
 
 
@@ -99,27 +105,50 @@ def _progress(lab_id: str) -> dict[str, str]:
 
 def hint(exercise_id: str) -> None:
     """Show the next hint of ``exercise_id`` (each call one more; after the last, all of them
-    again). Raises GraderError for an exercise id no lab has."""
+    again). An exercise id no lab has is shown as an error naming the lab's ids."""
     from IPython.display import display
 
-    shown = _next_hints(exercise_id)
-    if not shown:
+    if unknown := _unknown(exercise_id):
+        display(unknown, raw=True)
+        return
+    hints = _hints(exercise_id)
+    if not hints:
         display({"text/plain": f"{exercise_id} has no hints."}, raw=True)
-    for number, total, text in shown:
-        display(rich.hint(exercise_id, number, total, text), raw=True)
+        return
+    before = _SHOWN.get(exercise_id, 0)
+    count = _reveal(exercise_id)
+    for number in range(1, count + 1) if before == count else [count]:
+        display(rich.hint(exercise_id, number, len(hints), hints[number - 1]), raw=True)
 
 
-def _next_hints(exercise_id: str) -> list[tuple[int, int, str]]:
-    """(number, total, text) of the hints to show next: the next one, or all when all were
-    shown; [] when the exercise has none."""
-    lab = load_lab(exercise_id.split(".", 1)[0])
-    lab.exercise(exercise_id)
-    hints = load_hints(lab.id).get(exercise_id, ())
-    shown = _SHOWN.get(exercise_id, 0)
-    if shown >= len(hints):
-        return [(i + 1, len(hints), h) for i, h in enumerate(hints)]
-    _SHOWN[exercise_id] = shown + 1
-    return [(shown + 1, len(hints), hints[shown])]
+def _hints(exercise_id: str) -> tuple[str, ...]:
+    return load_hints(exercise_id.split(".", 1)[0]).get(exercise_id, ())
+
+
+def _reveal(exercise_id: str) -> int:
+    """Count one more hint of ``exercise_id`` as shown (up to all of them); return the count."""
+    count = min(_SHOWN.get(exercise_id, 0) + 1, len(_hints(exercise_id)))
+    _SHOWN[exercise_id] = count
+    return count
+
+
+def _unknown(exercise_id) -> dict[str, str] | None:
+    """An error display for an exercise id that names no exercise of a lab (with the lab's ids
+    and the closest one), or None when it names one."""
+    import difflib
+
+    lab_id = str(exercise_id).split(".", 1)[0]
+    if lab_id not in lab_ids():
+        why = f"there is no lab {lab_id!r} (the labs: {', '.join(lab_ids())})"
+    else:
+        ids = [e.id for e in load_lab(lab_id).exercises]
+        if exercise_id in ids:
+            return None
+        near = difflib.get_close_matches(str(exercise_id), ids, n=1)
+        why = (f"lab {lab_id!r} has no exercise {exercise_id!r}"
+               + (f"; did you mean `{near[0]}`?" if near else ".")
+               + f" Its exercises: {', '.join(f'`{i}`' for i in ids)}.")
+    return rich.verdict(str(exercise_id), "unknown exercise", "error", why)
 
 
 def _hint_panel(exercise_id: str):
@@ -127,18 +156,20 @@ def _hint_panel(exercise_id: str):
     :func:`hint` count, shared)."""
     import ipywidgets as widgets
 
-    total = len(load_hints(exercise_id.split(".", 1)[0])[exercise_id])
+    hints = _hints(exercise_id)
     button = widgets.Button(icon="lightbulb-o", layout=widgets.Layout(width="auto"))
     shown = widgets.HTML()
 
     def label():
-        left = _SHOWN.get(exercise_id, 0) < total
-        button.description = (f"Show hint {_SHOWN.get(exercise_id, 0) + 1} of {total}" if left
-                               else f"Show all {total} hints again")
+        count = _SHOWN.get(exercise_id, 0)
+        button.description = (f"Show hint {count + 1} of {len(hints)}" if count < len(hints)
+                              else f"All {len(hints)} hints shown")
+        button.disabled = count >= len(hints)
 
     def reveal(_):
-        shown.value = "".join(rich.hint(exercise_id, *h)["text/html"]
-                              for h in _next_hints(exercise_id))
+        count = _reveal(exercise_id)
+        shown.value = "".join(rich.hint(exercise_id, i + 1, len(hints), hints[i])["text/html"]
+                              for i in range(count))
         label()
 
     label()

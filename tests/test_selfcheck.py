@@ -5,7 +5,6 @@ import sys
 import pytest
 
 import grader.selfcheck as selfcheck
-from grader.errors import GraderError
 from grader.selfcheck import VERDICT_MIME, check, grade, hint, progress
 
 WIDGET = "application/vnd.jupyter.widget-view+json"
@@ -62,9 +61,10 @@ def test_the_hint_button_reveals_the_hints_one_at_a_time_in_step_with_hint(main,
     assert button.description == "Show hint 2 of 3"
     hint("toy.mul")  # the function and the button share one count
     assert shown[-1][0]["text/plain"].startswith("Hint 2 of 3 for toy.mul: ")
-    button.click()
-    assert "Hint 3 of 3" in revealed.value and "Hint 2 of 3" not in revealed.value
-    assert button.description == "Show all 3 hints again"
+    button.click()  # the hints shown so far stay, in order
+    assert [revealed.value.index(f"Hint {i} of 3") for i in (1, 2, 3)] == sorted(
+        revealed.value.index(f"Hint {i} of 3") for i in (1, 2, 3))
+    assert button.description == "All 3 hints shown" and button.disabled
 
 
 def test_hint_shows_the_next_hint_then_all_again(main, shown):
@@ -76,11 +76,21 @@ def test_hint_shows_the_next_hint_then_all_again(main, shown):
     assert texts[2].startswith("Hint 1 of 2") and texts[3].startswith("Hint 2 of 2")
 
 
-def test_hint_says_so_when_an_exercise_has_none_and_refuses_unknown_ids(main, shown):
+def test_hint_says_so_when_an_exercise_has_none(main, shown):
     hint("toy.gpu")
     assert shown[0][0] == {"text/plain": "toy.gpu has no hints."}
-    with pytest.raises(GraderError, match="no exercise 'toy.nope'"):
-        hint("toy.nope")
+
+
+@pytest.mark.parametrize("call, said", [
+    (lambda: hint("toy.ad"), "✗ toy.ad: error — lab 'toy' has no exercise 'toy.ad'; did you "
+                             "mean `toy.add`? Its exercises: `toy.add`, `toy.mul`, `toy.gpu`."),
+    (lambda: check("toy.mull"), "did you mean `toy.mul`?"),
+    (lambda: check("toys.add"), "there is no lab 'toys' (the labs: "),
+    (lambda: progress("toys"), "there is no lab 'toys' (the labs: "),
+])
+def test_a_mistyped_id_is_a_short_error_naming_the_right_ones(main, shown, call, said):
+    call()  # (no traceback: nothing is raised)
+    assert said in shown[0][0]["text/plain"] and len(shown) == 1
 
 
 def test_progress_is_one_display_that_each_check_updates(main, shown):

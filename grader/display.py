@@ -121,8 +121,8 @@ def progress(title: str, rows: Sequence[tuple[str, str, str, float, float]]) -> 
     self-check or ``not run``, points if the hidden checks pass too, max points)."""
     done = [r for r in rows if r[2] == "passed"]
     got, most = sum(r[3] for r in rows), sum(r[4] for r in rows)
-    summary = (f"{title}: public checks pass for {len(done)} of {len(rows)} exercises, "
-               f"{got:g} of {most:g} points if the grader's hidden checks pass too")
+    summary = (f"{title}: {len(done)} of {len(rows)} exercises pass their public checks, worth "
+               f"{got:g} of {most:g} points (the grader also runs hidden checks)")
     plain = Table([(r[2], r[0], r[1], f"{r[3]:g}/{r[4]:g}") for r in rows],
                   ["status", "exercise", "title", "points"], caption=summary)
     td = "padding:2px 10px;text-align:left"

@@ -140,7 +140,8 @@ def hint(exercise_id: str, number: int, total: int, text: str) -> dict[str, str]
     from markdown_it import MarkdownIt
 
     head = f"Hint {number} of {total} for {exercise_id}"
-    page = (f'<div style="border-left:4px solid #9a6700;padding:2px 10px;margin:2px 0">'
+    page = (f'<div style="border-left:4px solid #9a6700;padding:2px 10px;margin:2px 0;'
+            f'line-height:1.5">'
             f"<b>{html.escape(head)}</b>{MarkdownIt().render(text)}</div>")
     return {"text/plain": f"{head}: {text}", "text/html": page}
 

@@ -32,7 +32,8 @@ _COLOURS = {"running": "#ffd866", "done": "#e4e4e4", "queued": "#c8ebc4", "waiti
 class Step:
     """One turn of the engine's loop (``Engine::thread_main`` -> ``evaluate_function``).
 
-    ``node``: the Node popped from the ready queue and run; ``queue``: the Nodes waiting in the
+    ``index``: the step's number, counted from 1 (the picture's "step k of n"); ``node``: the Node
+    popped from the ready queue and run; ``queue``: the Nodes waiting in the
     ready queue after it ran, in the order they would be popped; ``made_ready``: the Nodes it
     pushed; ``remaining``: for every Node of the graph, how many of its dependencies are still
     unmet after this step; ``done``: the Nodes that ran before this step."""
@@ -108,7 +109,8 @@ def backward_steps(output: torch.Tensor) -> list[Step]:
     """Simulate the order in which torch's engine runs the backward graph of ``output``.
 
     ``output``: a tensor with a ``grad_fn`` (any shape and dtype). Returns one :class:`Step` per
-    Node, in execution order. Nothing is run and the graph is left as it is.
+    Node, in execution order, numbered from 1 (``steps[k - 1].index == k``). Nothing is run and
+    the graph is left as it is.
 
     Models a CPU-only ``loss.backward()`` in ``torch/csrc/autograd/engine.cpp``:
     ``Engine::compute_dependencies`` counts edges, the root is pushed, and
@@ -139,7 +141,7 @@ def backward_steps(output: torch.Tensor) -> list[Step]:
                 made_ready.append(nxt)
         steps.append(
             Step(
-                len(steps),
+                len(steps) + 1,
                 node,
                 _pop_order(heap),
                 tuple(made_ready),
@@ -209,9 +211,50 @@ def _layout(steps: list[Step]) -> dict:
     return pos
 
 
+def _box_extents(ax, boxes: dict) -> dict:
+    """{Node: display-space Bbox of its drawn box}, after a draw without rendering."""
+    ax.get_figure(root=True).draw_without_rendering()
+    return {node: text.get_bbox_patch().get_window_extent() for node, text in boxes.items()}
+
+
+def _arc(p0, p1, rad: float, samples: int = 24) -> list:
+    """Points of matplotlib's ``arc3,rad=rad`` curve from display point ``p0`` to ``p1``
+    (``matplotlib.patches.ConnectionStyle.Arc3``: a quadratic Bezier whose control point is the
+    midpoint moved by ``rad`` times the chord, turned a quarter)."""
+    (x0, y0), (x1, y1) = p0, p1
+    cx, cy = (x0 + x1) / 2 + rad * (y1 - y0), (y0 + y1) / 2 - rad * (x1 - x0)
+    points = []
+    for i in range(1, samples):
+        t = i / samples
+        a, b, c = (1 - t) ** 2, 2 * t * (1 - t), t**2
+        points.append((a * x0 + b * cx + c * x1, a * y0 + b * cy + c * y1))
+    return points
+
+
+def _edge_rad(ax, pos: dict, extents: dict, source, target) -> float:
+    """The ``arc3`` curvature for the edge ``source -> target`` that passes beside every other
+    box: straight when nothing is in the way, else bowed by 0.45, 0.7 or 0.95 column widths,
+    away from the middle of the graph first."""
+    p0, p1 = ax.transData.transform([pos[source], pos[target]])
+    length = max(float(((p1 - p0) ** 2).sum() ** 0.5), 1.0)
+    column = float(ax.transData.transform((1, 0))[0] - ax.transData.transform((0, 0))[0])
+    away = 1 if pos[source][0] + pos[target][0] <= 0 else -1  # rad > 0 bends a down edge left
+    others = [box.padded(3) for n, box in extents.items() if n is not source and n is not target]
+    candidates = [0.0] + [
+        sign * 2 * offset * column / length
+        for offset in (0.45, 0.7, 0.95)
+        for sign in (away, -away)
+    ]
+    for rad in candidates:
+        curve = _arc(p0, p1, rad)
+        if not any(box.contains(x, y) for box in others for x, y in curve):
+            return rad
+    return candidates[1]
+
+
 def ready_queue_figure(
     output: torch.Tensor,
-    step: int = 0,
+    step: int = 1,
     *,
     leaves: dict | None = None,
     steps: list[Step] | None = None,
@@ -222,12 +265,15 @@ def ready_queue_figure(
     ``_sequence_nr()`` and how many of its dependencies are still unmet after the step. The
     running Node is yellow, Nodes in the ready queue green, Nodes that already ran grey. Arrows
     are edges (``next_functions``), in the direction gradients flow. Beside the graph: the ready
-    queue after the step, next to run on top. ``step``: index into :func:`backward_steps`
-    (negative counts from the end); ``leaves``: ``{"x": x}`` names for the leaves'
+    queue after the step, next to run on top. ``step``: the step's number, 1 for the first Node
+    run up to ``len(backward_steps(output))`` (the title reads "step k of n"; negative counts
+    from the end, -1 the last); ``leaves``: ``{"x": x}`` names for the leaves'
     ``AccumulateGrad`` boxes; ``steps``: the simulation, if already computed. Raises IndexError
     for a step out of range and ValueError for a tensor without ``grad_fn``."""
     steps = steps if steps is not None else backward_steps(output)
-    now = steps[step]
+    if step == 0 or not -len(steps) <= step <= len(steps):
+        raise IndexError(f"step {step}: the steps are numbered 1 to {len(steps)}")
+    now = steps[step - 1 if step > 0 else step]
     pos = _layout(steps)
     rows = 1 - min(y for _, y in pos.values())
     width = max(sum(1 for p in pos.values() if p[1] == -d) for d in range(rows))
@@ -243,24 +289,14 @@ def ready_queue_figure(
     grid = fig.add_gridspec(1, 2, width_ratios=[max(width, 2) * 1.6, 1.3], wspace=0.05)
     ax, side = fig.add_subplot(grid[0]), fig.add_subplot(grid[1])
 
-    drawn: dict = {}
-    for s in steps:
-        for nxt, _ in s.node.next_functions:
-            if nxt is None:
-                continue
-            k = drawn[s.node, nxt] = drawn.get((s.node, nxt), -1) + 1  # x * x: two arrows
-            rad = (0.25 if pos[s.node][1] - pos[nxt][1] > 1 else 0.0) + 0.3 * k
-            arrow = {
-                "arrowstyle": "->",
-                "color": "#888888",
-                "shrinkA": 17,
-                "shrinkB": 17,
-                "connectionstyle": f"arc3,rad={rad}",
-            }
-            ax.annotate("", xy=pos[nxt], xytext=pos[s.node], arrowprops=arrow)
+    xs = [x for x, _ in pos.values()]
+    ax.set_xlim(min(xs) - 1.0, max(xs) + 1.0)
+    for axes in (ax, side):  # one vertical scale, graph at the top
+        axes.set_ylim(-height + 0.5, 0.5)
+    boxes = {}
     for node, (px, py) in pos.items():
         state = _state(node, now)
-        ax.text(
+        boxes[node] = ax.text(
             px,
             py,
             f"{node_label(node, leaves)}\nseq {_seq(node)} · deps {now.remaining[node]}",
@@ -270,22 +306,39 @@ def ready_queue_figure(
             gid=f"node:{state}",
             color="#777777" if state == "done" else "black",
             fontweight="bold" if state == "running" else "normal",
+            zorder=3,  # above the edges
             bbox={
                 "boxstyle": "round",
                 "fc": _COLOURS[state],
                 "ec": "#b08800" if state == "running" else "#999999",
             },
         )
-    xs = [x for x, _ in pos.values()]
-    ax.set_xlim(min(xs) - 0.8, max(xs) + 0.8)
+    extents = _box_extents(ax, boxes)
+    drawn: dict = {}  # (source, target) -> curvature of its first arrow
+    for s in steps:
+        for nxt, _ in s.node.next_functions:
+            if nxt is None:
+                continue
+            if (s.node, nxt) in drawn:  # x * x: a second arrow, bent further
+                rad = drawn[s.node, nxt] = drawn[s.node, nxt] + 0.3
+            else:
+                rad = drawn[s.node, nxt] = _edge_rad(ax, pos, extents, s.node, nxt)
+            arrow = {
+                "arrowstyle": "->",
+                "color": "#888888",
+                "shrinkA": 17,
+                "shrinkB": 17,
+                "connectionstyle": f"arc3,rad={rad:.4f}",
+            }
+            ax.annotate(
+                "", xy=pos[nxt], xytext=pos[s.node], arrowprops=arrow, gid="edge", zorder=1
+            )
     ax.axis("off")
-    title = f"step {now.index + 1} of {len(steps)}: ran {node_label(now.node, leaves)}"
+    title = f"step {now.index} of {len(steps)}: ran {node_label(now.node, leaves)}"
     ax.set_title(title, fontsize=10)
 
     side.axis("off")
     side.set_xlim(0, 1)
-    for axes in (ax, side):  # one vertical scale, graph at the top
-        axes.set_ylim(-height + 0.5, 0.5)
     side.text(0, 0, "ready queue (next first)", fontsize=9, fontweight="bold")
     if not now.queue:
         side.text(0, -0.6, "(empty)", fontsize=8, color="#777777")
@@ -323,13 +376,14 @@ def _state(node, step: Step) -> str:
 def ready_queue_explorer(output: torch.Tensor, *, leaves: dict | None = None):
     """An explorer: a slider (and a play button) over the steps of ``output``'s backward
     (:func:`backward_steps`), showing :func:`ready_queue_figure` for the chosen step in an
-    ``ipywidgets.HTML``. Returns an ``ipywidgets.VBox``; its ``children[1].value`` is the HTML
-    shown. ``leaves`` names leaves as in :func:`ready_queue_figure`."""
+    ``ipywidgets.HTML``. The slider runs from 1 to the number of steps, and its value is the
+    picture's "step k of n". Returns an ``ipywidgets.VBox``; its ``children[1].value`` is the
+    HTML shown. ``leaves`` names leaves as in :func:`ready_queue_figure`."""
     import ipywidgets as widgets
 
     steps = backward_steps(output)
-    slider = widgets.IntSlider(value=0, min=0, max=len(steps) - 1, description="step")
-    play = widgets.Play(value=0, min=0, max=len(steps) - 1, interval=1200)
+    slider = widgets.IntSlider(value=1, min=1, max=len(steps), description="step")
+    play = widgets.Play(value=1, min=1, max=len(steps), interval=1200)
     widgets.jslink((play, "value"), (slider, "value"))
     picture, cache = widgets.HTML(), {}
 
@@ -465,7 +519,9 @@ def _per_block_figure(result: dict, checkpointed) -> Figure:
     ax = fig.subplots()
     kib = [b / 2**10 for b in result["per_block_bytes"]]
     colours = ["#66c2a5" if i in checkpointed else "#8da0cb" for i in range(len(kib))]
-    ax.bar([str(i) for i in range(len(kib))], kib, color=colours)
+    bars = ax.bar([str(i) for i in range(len(kib))], kib, color=colours, gid="block")
+    for label in ax.bar_label(bars, fmt="%.0f KiB", fontsize=8):
+        label.set_gid("block-kib")
     ax.set_xlabel("block (green: checkpointed)")
     ax.set_ylabel("kept for backward (KiB)")
     ax.set_title(
@@ -490,8 +546,8 @@ def checkpoint_explorer(width: int = 128, batch: int = 32):
         torch.manual_seed(1)
         x = torch.randn(batch, width)
     count = widgets.IntSlider(value=4, min=1, max=8, description="blocks")
-    chosen = widgets.SelectMultiple(
-        options=list(range(4)), value=(1, 3), description="checkpoint", rows=4
+    chosen = widgets.SelectMultiple(  # tall enough for the most blocks: no scrolling
+        options=list(range(4)), value=(1, 3), description="checkpoint", rows=count.max
     )
     reentrant = widgets.Checkbox(value=False, description="use_reentrant=True")
     picture = widgets.HTML()

@@ -253,15 +253,23 @@ class DispatchState:
                 yes(r.excluded),
                 yes(r.fallthrough),
                 "" if r.kernel is None and not self.op else r.kernel or "none",
-                "runs" if r.name == self.winner else "",
+                _outcome(r, self),
             ]
             for r in self.rows
         ]
         return table(
             rows,
-            ["key", "tensor", "TLS include", "excluded", "fallthrough", "table entry", ""],
+            ["key", "tensor", "TLS include", "excluded", "fallthrough", "table entry", "outcome"],
             caption=self.keyset,
         )
+
+
+def _outcome(row: KeyRow, state: DispatchState) -> str:
+    """The table's last column: "runs" for the key whose kernel runs first ("raises: no kernel"
+    when the table has no kernel there), empty for the other keys."""
+    if row.name != state.winner:
+        return ""
+    return "raises: no kernel" if state.raises else "runs"
 
 
 def dispatch_state(*tensors: torch.Tensor, op=None, include=None, exclude=None) -> DispatchState:
@@ -472,8 +480,25 @@ def probe_dispatch(t: torch.Tensor, op) -> str | None:
 
 
 # ----------------------------------------------------------------------------- explorers
+#: what a Dropdown holds for the choice None: ipywidgets reads a value of None as "nothing
+#: selected" and shows a blank box, so None is stored as this string and read back by _value_of
+NONE = "None"
+
+
 def _choices(values):
-    return [("None" if v is None else str(v), v) for v in values]
+    """Dropdown options ``(label, value)`` for ``values``, None stored as :data:`NONE`."""
+    return [(str(v), NONE if v is None else v) for v in values]
+
+
+def _value_of(choice):
+    """The argument a Dropdown's value stands for (:data:`NONE` -> None)."""
+    return None if choice == NONE else choice
+
+
+def _dropdown_width(description: str, labels) -> str:
+    """A Dropdown width (CSS) that shows ``description`` and the longest of ``labels`` whole:
+    about 8 px per character of each, plus the arrow and margins."""
+    return f"{8 * (len(description) + max(len(str(v)) for v in labels)) + 50}px"
 
 
 #: the view explorer's operations: (arguments and their choices, function, expression)
@@ -561,20 +586,27 @@ def _html_of(obj) -> str:
 
 def view_explorer(shape=(3, 4)):
     """A widget: pick a view operation and its arguments, applied to ``x = torch.arange(12.)
-    .reshape(shape)`` (12 elements: ``shape`` must be (3, 4) for every operation to apply), and
+    .reshape(shape).clone()`` (a tensor that owns its storage, so ``v._base is x`` for its views;
+    12 elements: ``shape`` must be (3, 4) for every operation to apply), and
     see the expression, the result's geometry table (:func:`geometry_table`) and its
     :func:`storage_picture`, or the error torch raises for arguments it rejects. Returns an
     ``ipywidgets.VBox`` of (operation Dropdown, HBox of argument Dropdowns, result HTML)."""
     import ipywidgets as w
 
-    x = torch.arange(12.0).reshape(shape)
-    op = w.Dropdown(options=list(VIEW_OPS), value="slice", description="operation")
-    args = w.HBox()
+    x = torch.arange(12.0).reshape(shape).clone()  # owns its storage: x._base is None
+    op = w.Dropdown(
+        options=list(VIEW_OPS),
+        value="slice",
+        description="operation",
+        style={"description_width": "initial"},
+        layout=w.Layout(width=_dropdown_width("operation", VIEW_OPS)),
+    )
+    args = w.HBox(layout=w.Layout(flex_flow="row wrap"))
     out = w.HTML()
 
     def render(_=None):
         _, fn, expr = VIEW_OPS[op.value]
-        values = {d.description: d.value for d in args.children}
+        values = {d.description: _value_of(d.value) for d in args.children}
         shown = expr.format(colons=":, " * values.get("dim", 0), **values)
         shown = shown.replace("None", "")
         try:
@@ -588,7 +620,7 @@ def view_explorer(shape=(3, 4)):
             return
         out.value = (
             f"<p><code>{html.escape(shown)}</code> on x = torch.arange(12.).reshape"
-            f"{tuple(shape)}</p>"
+            f"{tuple(shape)}.clone()</p>"
             + _html_of(geometry_table({shown: v}, x))
             + figure_html(storage_picture(v, title=shown))
         )
@@ -596,11 +628,13 @@ def view_explorer(shape=(3, 4)):
     def rebuild(_=None):
         controls = []
         for name, options in VIEW_OPS[op.value][0].items():
+            choices = _choices(options)
             d = w.Dropdown(
-                options=_choices(options),
-                value=options[0],
+                options=choices,
+                value=choices[0][1],
                 description=name,
-                layout=w.Layout(width="160px"),
+                style={"description_width": "initial"},
+                layout=w.Layout(width=_dropdown_width(name, [label for label, _ in choices])),
             )
             d.observe(render, names="value")
             controls.append(d)
@@ -673,6 +707,24 @@ def tls_state(context="none", include=(), exclude=()):
         yield
 
 
+def _row_label(w, text: str):
+    """A Label at the head of a row of controls, as wide as its text: not shrunk (ipywidgets
+    cuts a Label that a full row squeezes)."""
+    return w.Label(text, layout=w.Layout(width="auto", min_width=f"{8 * len(text) + 10}px"))
+
+
+def _checkbox(w, key: str):
+    """An unticked Checkbox for ``key``, only as wide as its box and name (the default is the
+    300 px of every inline widget)."""
+    return w.Checkbox(
+        description=key,
+        value=False,
+        indent=False,
+        style={"description_width": "initial"},
+        layout=w.Layout(width="auto", min_width=f"{8 * len(key) + 40}px"),
+    )
+
+
 def tls_explorer():
     """A widget: pick a tensor, an operator and a context (``no_grad``, ``inference_mode``,
     ``autocast``, ...), tick keys to add to the thread-local include or exclude set, and see the
@@ -683,13 +735,21 @@ def tls_explorer():
     import ipywidgets as w
 
     tensors = _tensors()
-    tensor = w.Dropdown(
-        options=list(tensors), value="CPU tensor, requires_grad", description="tensor"
-    )
-    op = w.Dropdown(options=list(OPS), value="aten::add.Tensor", description="operator")
-    context = w.Dropdown(options=list(CONTEXTS), value="none", description="context")
-    include = [w.Checkbox(description=k, value=False, indent=False) for k in INCLUDABLE]
-    exclude = [w.Checkbox(description=k, value=False, indent=False) for k in EXCLUDABLE]
+
+    def dropdown(options, value, description):
+        return w.Dropdown(
+            options=list(options),
+            value=value,
+            description=description,
+            style={"description_width": "initial"},
+            layout=w.Layout(width=_dropdown_width(description, options)),
+        )
+
+    tensor = dropdown(tensors, "CPU tensor, requires_grad", "tensor")
+    op = dropdown(OPS, "aten::add.Tensor", "operator")
+    context = dropdown(CONTEXTS, "none", "context")
+    include = [_checkbox(w, k) for k in INCLUDABLE]
+    exclude = [_checkbox(w, k) for k in EXCLUDABLE]
     out = w.HTML()
 
     def render(_=None):
@@ -723,9 +783,9 @@ def tls_explorer():
     render()
     return w.VBox(
         [
-            w.HBox([tensor, op, context]),
-            w.HBox([w.Label("TLS include +"), *include]),
-            w.HBox([w.Label("TLS exclude +"), *exclude]),
+            w.HBox([tensor, op, context], layout=w.Layout(flex_flow="row wrap")),
+            w.HBox([_row_label(w, "TLS include +"), *include]),
+            w.HBox([_row_label(w, "TLS exclude +"), *exclude]),
             out,
         ]
     )

@@ -124,12 +124,19 @@ def test_steps_count_dependencies_like_the_engine():
     assert steps[-1].queue == ()
 
 
+def test_steps_are_numbered_from_one():
+    loss, _ = _two_branches()
+    steps = viz.backward_steps(loss)
+    assert [s.index for s in steps] == list(range(1, len(steps) + 1))
+
+
 def test_ready_queue_figure_shows_the_step():
     loss, leaves = _two_branches()
     steps = viz.backward_steps(loss)
-    k = 4
-    fig = viz.ready_queue_figure(loss, k, leaves=leaves)
+    k = 4  # the 5th step (step=5 in the picture's numbering)
+    fig = viz.ready_queue_figure(loss, k + 1, leaves=leaves)
     _renders(fig)
+    assert fig.axes[0].get_title().startswith(f"step {k + 1} of {len(steps)}: ran ")
     boxes = _texts(fig, "node:")
     names = sorted(t.get_text().split("\n")[0].split(" (")[0] for t in boxes)
     assert names == sorted(n.name().replace("torch::autograd::", "") for n in _graph_nodes(loss))
@@ -153,10 +160,80 @@ def test_ready_queue_figure_shows_the_step():
     )
 
 
+def test_ready_queue_figure_step_numbers_match_the_title():
+    """``step=k`` draws "step k of n" with the k-th Node running, 1 <= k <= n; -1 is the last."""
+    loss, leaves = _two_branches()
+    steps = viz.backward_steps(loss)
+    n = len(steps)
+    for k, expected in [(1, 1), (5, 5), (n, n), (-1, n), (-n, 1)]:
+        fig = viz.ready_queue_figure(loss, k, leaves=leaves, steps=steps)
+        node = steps[expected - 1].node
+        assert fig.axes[0].get_title() == (
+            f"step {expected} of {n}: ran {viz.node_label(node, leaves)}"
+        )
+        (running,) = [t for t in _texts(fig, "node:running")]
+        assert running.get_text().startswith(viz.node_label(node, leaves))
+
+
+def test_notebook_step_five_is_cos_backward():
+    """The notebook draws ``step=5`` and its text says step 5, just after CosBackward0 ran."""
+    x1, x2 = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+    a1, a2 = x1.sin(), x2.cos()
+    loss = (a1 * x1 + a2.exp()).sum()
+    fig = viz.ready_queue_figure(loss, step=5, leaves={"x1": x1, "x2": x2})
+    assert fig.axes[0].get_title() == "step 5 of 8: ran CosBackward0"
+
+
+def _edges_cross_boxes(fig):
+    """(edge, box label) pairs where a drawn edge passes through a box other than its ends."""
+    fig.draw_without_rendering()
+    ax = fig.axes[0]
+    boxes = [(t.get_text(), t.get_bbox_patch().get_window_extent()) for t in _texts(fig, "node:")]
+    crossings = []
+    for i, edge in enumerate(t for t in ax.texts if t.get_gid() == "edge"):
+        patch = edge.arrow_patch
+        path = patch.get_transform().transform_path(patch.get_path())
+        points = [pt for poly in path.to_polygons(closed_only=False) for pt in poly]
+
+        def nearest(pt):
+            return min(
+                boxes,
+                key=lambda b: (
+                    (b[1].x0 + b[1].x1 - 2 * pt[0]) ** 2 + (b[1].y0 + b[1].y1 - 2 * pt[1]) ** 2
+                ),
+            )[0]
+
+        ends = {nearest(points[0]), nearest(points[-1])}
+        for label, box in boxes:
+            if label not in ends and any(box.contains(x, y) for x, y in points):
+                crossings.append((i, label.split("\n")[0]))
+    return crossings
+
+
+@pytest.mark.parametrize("graph", ["two-branches", "explorer", "stack"])
+def test_ready_queue_edges_go_around_the_boxes(graph):
+    """No edge runs through a box it does not connect (the explorer's graph had its
+    MulBackward0 -> MulBackward0 edge through SinBackward0)."""
+    x1, w1 = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+    if graph == "two-branches":
+        loss, leaves = _two_branches()
+    elif graph == "explorer":
+        hid = x1 * w1
+        loss, leaves = (hid.sin() * hid + x1).sum(), {"x1": x1, "w1": w1}
+    else:
+        loss, leaves = _stack_of_leaves(4)[0], None
+    fig = viz.ready_queue_figure(loss, 2, leaves=leaves)
+    assert _edges_cross_boxes(fig) == []
+    edges = [t for t in fig.axes[0].texts if t.get_gid() == "edge"]
+    assert all(e.get_zorder() < t.get_zorder() for e in edges for t in _texts(fig, "node:"))
+
+
 def test_ready_queue_figure_errors():
     loss, _ = _two_branches()
-    with pytest.raises(IndexError):
-        viz.ready_queue_figure(loss, 99)
+    n = len(viz.backward_steps(loss))
+    for bad in (0, n + 1, -n - 1, 99):
+        with pytest.raises(IndexError, match="numbered 1 to"):
+            viz.ready_queue_figure(loss, bad)
     with pytest.raises(ValueError, match="grad_fn"):
         viz.backward_steps(torch.randn(3))
 
@@ -211,19 +288,47 @@ def test_ready_queue_explorer_steps():
     box = viz.ready_queue_explorer(loss, leaves=leaves)
     play, slider = box.children[0].children
     picture = box.children[1]
-    assert slider.max == len(viz.backward_steps(loss)) - 1 == play.max
+    n = len(viz.backward_steps(loss))
+    assert (slider.min, slider.max, slider.value) == (1, n, 1) == (play.min, play.max, play.value)
     first = picture.value
     assert first.startswith("<img")
     slider.value = 4
     assert picture.value != first and picture.value.startswith("<img")
-    slider.value = 0
+    slider.value = 1
     assert picture.value == first
+
+
+def test_ready_queue_explorer_slider_value_is_the_title_step(monkeypatch):
+    """The slider reads k exactly when the picture says "step k of n"."""
+    monkeypatch.setattr(viz, "figure_html", lambda fig: fig.axes[0].get_title())
+    loss, leaves = _two_branches()
+    box = viz.ready_queue_explorer(loss, leaves=leaves)
+    slider, picture = box.children[0].children[1], box.children[1]
+    n = len(viz.backward_steps(loss))
+    for k in [1, 4, n, 2]:
+        slider.value = k
+        assert picture.value.startswith(f"step {k} of {n}: ran "), (k, picture.value)
+
+
+def test_per_block_figure_labels_each_bar_with_its_kib(small):
+    blocks, x = small
+    result = viz.measure_checkpointing(blocks, x, {1})
+    fig = viz._per_block_figure(result, {1})
+    _renders(fig)
+    (ax,) = fig.axes
+    heights = [p.get_height() for p in ax.patches if p.get_gid() == "block"]
+    assert [h * 2**10 for h in heights] == result["per_block_bytes"]
+    labels = [t.get_text() for t in ax.texts if t.get_gid() == "block-kib"]
+    assert labels == [f"{b / 2**10:.0f} KiB" for b in result["per_block_bytes"]]
 
 
 def test_checkpoint_explorer_reacts():
     box = viz.checkpoint_explorer(width=16, batch=4)
     count, reentrant = box.children[0].children
     chosen, picture = box.children[1], box.children[2]
+    count.value = count.max
+    assert chosen.rows >= len(chosen.options) == count.max  # every block visible at once
+    count.value = 4
     seen = [picture.value]
     count.value = 6
     assert list(chosen.options) == list(range(6))

@@ -254,6 +254,47 @@ def test_view_explorer_shows_the_geometry_torch_computes():
     assert "x.t().reshape(2, -1)" in out.value and "(6, 1)" in out.value
     # contiguous, same storage as x, _base is x
     assert re.findall(r">(True|False)</td>", out.value) == ["True", "False", "False"]
+    _select(box, method="view", rows=4)  # a view of x: its _base is x, as in the notebook
+    assert re.findall(r">(True|False)</td>", out.value) == ["False", "True", "True"]
+
+
+def _px(width):
+    assert width.endswith("px"), width
+    return int(width[:-2])
+
+
+def test_view_explorer_x_owns_its_storage_so_views_have_base_x():
+    """The explorer's x is built like the notebook's (``.clone()``): every view's ``_base`` is x
+    and the table says so; a view of a view of arange would say False."""
+    box = viz.view_explorer()
+    op, out = box.children[0], box.children[2]
+    for name in ("slice", "transpose", "select", "expand", "unsqueeze", "diagonal", "as_strided"):
+        op.value = name
+        # the table's last two cells: same storage, _base is x
+        assert re.findall(r">(True|False)</td>", out.value)[-2:] == ["True", "True"], name
+    assert ".clone()" in out.value
+
+
+def test_view_explorer_dropdowns_show_their_choices_whole():
+    box = viz.view_explorer()
+    op, args = box.children[0], box.children[1]
+    start = next(d for d in args.children if d.description == "start")
+    # ipywidgets shows a value of None as an empty box: the choice None must read "None"
+    assert start.label == "None" and start.index == 0
+    assert "<code>x[::1]</code>" in box.children[2].value
+    start.value = 1
+    assert "<code>x[1::1]</code>" in box.children[2].value
+    start.index = 0
+    assert "<code>x[::1]</code>" in box.children[2].value
+    for name in viz.VIEW_OPS:
+        op.value = name
+        for d in [op, *args.children]:
+            assert all(label != "" for label in d.options)
+            assert d.label is not None and d.index is not None, (name, d.description)
+            # wide enough for its description and its longest choice ("reshape" was cut)
+            longest = max(len(label) for label in d.options)
+            assert d.style.description_width == "initial"
+            assert _px(d.layout.width) >= 7 * (len(d.description) + longest) + 40
 
 
 @pytest.mark.parametrize("name", list(viz.VIEW_OPS))
@@ -268,6 +309,40 @@ def test_every_view_explorer_operation_applies_to_its_first_choices(name):
 
 def _lines(html_value):
     return re.findall(r"<code>(.*?)</code>", html_value)
+
+
+def test_tls_explorer_layout_does_not_cut_labels():
+    box = viz.tls_explorer()
+    for row in box.children[1:3]:
+        label, *boxes = row.children
+        assert label.value in ("TLS include +", "TLS exclude +")
+        assert _px(label.layout.min_width) >= 7 * len(label.value)  # the row cannot squeeze it
+        for c in boxes:
+            assert c.layout.width == "auto" and _px(c.layout.min_width) >= 7 * len(c.description)
+    for d in box.children[0].children:
+        assert _px(d.layout.width) >= 7 * max(len(o) for o in d.options)
+    out = box.children[3].value
+    headers = re.findall(r"<th[^>]*>(.*?)</th>", out)
+    assert len(headers) == 7 and all(headers), headers  # every column has a header
+    assert headers[-1] == "outcome" and "runs</td>" in out
+
+
+def test_state_table_marks_the_winner_and_a_raise():
+    t = torch.ones(2)
+    state = viz.dispatch_state(t, op="aten::add.Tensor")
+    rows = [line.split() for line in repr(state.table()).splitlines()[3:]]  # caption, header
+    assert [r[0] for r in rows if r[-1] == "runs"] == ["AutogradCPU"]
+    ns = f"viz_test_outcome_{uuid.uuid4().hex[:6]}"
+    lib = torch.library.Library(ns, "DEF")
+    try:
+        lib.define("probe(Tensor x) -> ()")
+        lib.impl("probe", lambda x: None, "Meta")  # no CPU kernel: a CPU call below autograd
+        state = viz.dispatch_state(t, op=f"{ns}::probe", exclude=["AutogradCPU"])
+    finally:
+        lib._destroy()
+    assert state.winner == "CPU" and state.raises
+    cpu_row = repr(state.table()).splitlines()[3].split()  # CPU: the lowest key, first row
+    assert cpu_row[0] == "CPU" and cpu_row[-3:] == ["raises:", "no", "kernel"]
 
 
 def test_tls_explorer_follows_its_controls():

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from labs.dispatcher import viz
+from labs.dispatcher.checks.key_priority import _tensor  # the tensors its checks use
 
 C = torch._C
 
@@ -108,18 +109,6 @@ def _winner(fig):
     return (won[0] if won else None), any(t == "raises: no kernel" for t in notes.values())
 
 
-def _tensor(kind):
-    if kind == "cpu":
-        return torch.zeros(2)
-    if kind == "grad":
-        return torch.zeros(2, requires_grad=True)
-    if kind == "meta":
-        return torch.empty(2, device="meta")
-    if kind == "conj":
-        return torch.zeros(2, dtype=torch.complex64).conj()
-    with torch.inference_mode():
-        return torch.zeros(2)
-
 
 _KEYS_ALWAYS = (
     "CPU",
@@ -141,7 +130,7 @@ def test_key_bar_names_the_kernel_the_real_dispatcher_runs(seed):
     """A fresh operator with, on every key a call can reach, a kernel that records its key or a
     fallthrough (Fake left without any); the bar's winner is what runs."""
     rng = random.Random(seed)
-    kind = rng.choice(["cpu", "grad", "meta", "conj", "inference"])
+    kind = rng.choice(["cpu", "cpu, requires_grad", "meta", "conj", "inference"])
     context = rng.choice(list(viz.CONTEXTS))
     include = rng.sample(["Python", "Functionalize", "AutocastCPU", "Fake"], rng.randint(0, 2))
     exclude = rng.sample(["AutogradCPU", "ADInplaceOrView", "Python", "CPU"], rng.randint(0, 2))
@@ -177,7 +166,7 @@ def test_key_bar_names_the_kernel_the_real_dispatcher_runs(seed):
     assert state.winner == winner and (winner is None or state.raises == raises)
 
 
-@pytest.mark.parametrize("kind", ["cpu", "grad", "meta", "inference"])
+@pytest.mark.parametrize("kind", ["cpu", "cpu, requires_grad", "meta", "inference"])
 @pytest.mark.parametrize(
     "context",
     [

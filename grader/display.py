@@ -9,6 +9,7 @@ without pyplot (no global figure state, no double display) and a notebook cell s
 """
 from __future__ import annotations
 
+import functools
 import html
 import io
 import os
@@ -21,7 +22,8 @@ from typing import Any, Iterable, Sequence
 _WRAP = "white-space:pre-wrap;overflow-wrap:anywhere;word-break:normal"
 
 
-def _prefixes() -> list[str]:
+@functools.lru_cache(maxsize=1)
+def _prefixes() -> tuple[str, ...]:
     """Folder prefixes to strip from printed paths, longest first: site-packages (torch's and
     the course's installs), the temp folder, the project's build folder and root."""
     import sysconfig
@@ -29,7 +31,7 @@ def _prefixes() -> list[str]:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     found = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
              tempfile.gettempdir(), os.path.join(root, "build"), root}
-    return sorted((p.rstrip("/") + "/" for p in found if p), key=len, reverse=True)
+    return tuple(sorted((p.rstrip("/") + "/" for p in found if p), key=len, reverse=True))
 
 
 def strip_paths(text: str) -> str:

@@ -70,11 +70,10 @@ def check(exercise_id: str) -> None:
         status, message = v.status, v.message
     _LAST[exercise_id] = status
     display(rich.verdict(exercise_id, exercise.title, status, message), raw=True)
-    if status not in ("passed", "skipped") and load_hints(lab.id).get(exercise_id):
-        total = len(load_hints(lab.id)[exercise_id])
+    if status not in ("passed", "skipped") and (hints := _hints(exercise_id)):
         bundle = _hint_panel(exercise_id)._repr_mimebundle_()
-        bundle["text/plain"] = (f'Stuck? {total} hints: run hint("{exercise_id}") to see the '
-                                "next one.")
+        bundle["text/plain"] = (f'Stuck? {len(hints)} hints: run hint("{exercise_id}") to see '
+                                "the next one.")
         display(bundle, raw=True)
     display(_progress(lab.id), raw=True, update=True, display_id=_progress_id(lab.id))
 

@@ -1,0 +1,56 @@
+"""Checks of ``allocator.best-fit-split``: the learner's ``BestFitAllocator`` against the reference
+model without coalescing (``CachingAllocatorModel(coalesce=False)``), step by step along traces
+on one stream: same address for every malloc (best fit, lowest address on ties, the front of a
+split block), same cudaMalloc calls, and the same segments and blocks (``snapshot()``)."""
+
+from __future__ import annotations
+
+import random
+
+from grader.checks import check
+from labs.allocator import model
+from labs.allocator.checks._harness import compare
+
+EXERCISE = "allocator.best-fit-split"
+MiB = model.MiB
+
+#: the notebook's worked example: small requests share a 2 MiB segment; a 5 MiB request splits a
+#: 20 MiB one; a freed small block is reused by best fit; a 12 MiB request gets its own segment
+EXAMPLE = [("malloc", 1, 1000, 0), ("malloc", 2, 3000, 0), ("malloc", 3, 5 * MiB, 0),
+           ("malloc", 4, 12 * MiB, 0), ("free", 1), ("malloc", 5, 700, 0),
+           ("malloc", 6, 9 * MiB, 0), ("free", 3), ("malloc", 7, 2 * MiB, 0),
+           ("malloc", 8, 16 * MiB, 0)]
+
+
+def _traces(seed: int, count: int, n: int) -> list[list[tuple]]:
+    rng = random.Random(seed)
+    return [model.random_trace(rng, n, empty_cache=False) for _ in range(count)]
+
+
+@check(EXERCISE)
+def worked_example(BestFitAllocator, ctx):
+    """matches the real allocator on the notebook's example"""
+    compare(BestFitAllocator, EXAMPLE, coalesce=False, label="the notebook's example")
+
+
+@check(EXERCISE)
+def random_trace(BestFitAllocator, ctx):
+    """matches it on a seeded random trace"""
+    (trace,) = _traces(ctx.seed, 1, 60)
+    compare(BestFitAllocator, trace, coalesce=False, label=f"a random trace (seed {ctx.seed})")
+
+
+@check(EXERCISE, hidden=True)
+def many_traces(BestFitAllocator, ctx):
+    """matches it on more seeded traces"""
+    for k, trace in enumerate(_traces(ctx.seed + 1000, 6, 80)):
+        compare(BestFitAllocator, trace, coalesce=False, label=f"hidden trace {k + 1}")
+
+
+@check(EXERCISE, hidden=True)
+def max_split_size(BestFitAllocator, ctx):
+    """matches it with max_split_size set"""
+    for k, trace in enumerate(_traces(ctx.seed + 2000, 4, 80)):
+        limit = (20 * MiB, 32 * MiB, 64 * MiB, 20 * MiB)[k]
+        compare(BestFitAllocator, trace, coalesce=False, max_split_size=limit,
+                label=f"hidden trace {k + 1}")

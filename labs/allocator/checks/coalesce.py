@@ -1,0 +1,99 @@
+"""Checks of ``allocator.coalesce``: the learner's ``CoalescingAllocator`` against the reference
+model along traces with frees in random order, ``empty_cache`` and out-of-memory retries on a
+small simulated GPU; fragmentation (``inactive_split_bytes``, the largest free block) is reported
+in the learner's terms when it differs."""
+
+from __future__ import annotations
+
+import random
+
+from grader.checks import CheckFailure, check
+from labs.allocator import model
+from labs.allocator.checks._harness import compare, plain_snapshot, size
+from labs.allocator.gpu import SimulatedGPU
+
+EXERCISE = "allocator.coalesce"
+MiB = model.MiB
+
+#: the notebook's example: four small blocks freed out of order merge back into one segment,
+#: which empty_cache returns; then a large pool fragmented by a live block
+EXAMPLE = [("malloc", 1, 300_000, 0), ("malloc", 2, 300_000, 0), ("malloc", 3, 300_000, 0),
+           ("malloc", 4, 300_000, 0), ("free", 2), ("free", 4), ("free", 3), ("free", 1),
+           ("malloc", 5, 4 * MiB, 0), ("malloc", 6, 4 * MiB, 0), ("malloc", 7, 4 * MiB, 0),
+           ("free", 5), ("free", 7), ("empty_cache",), ("free", 6), ("empty_cache",)]
+
+
+def fragmentation(segments: list[dict]) -> tuple[int, int]:
+    """(inactive_split_bytes, largest free block) of a snapshot's segments, in bytes."""
+    stats = model.stats_from_segments(segments)
+    free = [b["size"] for s in segments for b in s["blocks"] if b["state"] == model.INACTIVE]
+    return stats["inactive_split_bytes.all.current"], max(free, default=0)
+
+
+def _figures(cls, trace, capacity, max_split_size, label):
+    """Compare fragmentation figures step by step first (a clearer message), then everything."""
+    mine_gpu, ref_gpu = SimulatedGPU(capacity), SimulatedGPU(capacity)
+    mine = cls(mine_gpu, max_split_size=max_split_size)
+    ref = model.CachingAllocatorModel(ref_gpu, max_split_size=max_split_size)
+    try:
+        steps_mine, steps_ref = [], []
+        model.replay(mine, mine_gpu, trace,
+                     lambda i, op, r: steps_mine.append(fragmentation(plain_snapshot(
+                         mine.snapshot()))))
+        model.replay(ref, ref_gpu, trace,
+                     lambda i, op, r: steps_ref.append(fragmentation(ref.snapshot())))
+    except CheckFailure:
+        raise
+    except Exception:  # any error is reported by compare, at its step, with its line
+        steps_mine = None
+    if steps_mine is not None:
+        for step, (a, b) in enumerate(zip(steps_mine, steps_ref), 1):
+            if a != b:
+                raise CheckFailure(
+                    f"on {label}, after step {step}: inactive_split_bytes is {size(a[0])} and the "
+                    f"largest free block {size(a[1])} in your allocator; the real allocator has "
+                    f"{size(b[0])} and {size(b[1])}. A freed block merges with each free "
+                    "neighbour in its segment, so a segment never holds two free blocks side by "
+                    "side.")
+    compare(cls, trace, capacity=capacity, max_split_size=max_split_size, label=label)
+
+
+@check(EXERCISE)
+def worked_example(CoalescingAllocator, ctx):
+    """matches the real allocator on the notebook's example"""
+    _figures(CoalescingAllocator, EXAMPLE, 2 * model.GiB, None, "the notebook's example")
+
+
+@check(EXERCISE)
+def random_trace(CoalescingAllocator, ctx):
+    """matches it on a seeded trace with empty_cache calls"""
+    trace = model.random_trace(random.Random(ctx.seed), 80, empty_cache=True)
+    _figures(CoalescingAllocator, trace, 2 * model.GiB, None, f"a random trace (seed {ctx.seed})")
+
+
+@check(EXERCISE)
+def out_of_memory(CoalescingAllocator, ctx):
+    """frees its cached segments and retries before running out of memory"""
+    trace = [("malloc", 1, 30 * MiB, 0), ("malloc", 2, 30 * MiB, 0), ("free", 1),
+             ("malloc", 3, 50 * MiB, 0), ("malloc", 4, 80 * MiB, 0)]
+    _figures(CoalescingAllocator, trace, 100 * MiB, None, "a 100 MiB GPU")
+
+
+@check(EXERCISE, hidden=True)
+def small_gpus(CoalescingAllocator, ctx):
+    """matches it on seeded traces that run out of memory, with and without max_split_size"""
+    rng = random.Random(ctx.seed + 3000)
+    for k in range(6):
+        trace = model.random_trace(rng, 100, empty_cache=k % 2 == 1, live_max=8)
+        capacity = rng.choice([96, 128, 160]) * MiB
+        limit = (None, 20 * MiB, None, 24 * MiB, 40 * MiB, None)[k]
+        _figures(CoalescingAllocator, trace, capacity, limit, f"hidden trace {k + 1}")
+
+
+@check(EXERCISE, hidden=True)
+def long_traces(CoalescingAllocator, ctx):
+    """matches it on long seeded traces"""
+    rng = random.Random(ctx.seed + 4000)
+    for k in range(3):
+        trace = model.random_trace(rng, 200, empty_cache=True, live_max=20)
+        _figures(CoalescingAllocator, trace, 2 * model.GiB, None, f"hidden long trace {k + 1}")

@@ -1,0 +1,70 @@
+"""Checks of ``allocator.vs-real`` (needs a CUDA GPU): ``replay_on_cuda(trace)`` runs a trace on the
+real caching allocator and returns ``torch.cuda.memory_stats()`` after each step; the statistics
+must be those the reference model predicts (so the model, and the learner's, which exercises 2-4
+compared with it, predict the real allocator)."""
+
+from __future__ import annotations
+
+import gc
+import random
+
+from grader.checks import CheckFailure, check, exact
+from labs.allocator import model
+from labs.allocator.checks._harness import size, story
+from labs.allocator.gpu import SimulatedGPU
+
+EXERCISE = "allocator.vs-real"
+COMPARED = [f"{name}.{scope}.current" for name in model.STAT_NAMES
+            for scope in ("all", "small_pool", "large_pool")]
+
+
+def predicted(trace: list[tuple]) -> list[dict]:
+    """The reference model's ``memory_stats()`` after each step of ``trace``."""
+    gpu = SimulatedGPU(64 * model.GiB)
+    allocator = model.CachingAllocatorModel(gpu)
+    steps: list[dict] = []
+    model.replay(allocator, gpu, trace, lambda i, op, r: steps.append(allocator.memory_stats()))
+    return steps
+
+
+def _verify(replay_on_cuda, trace: list[tuple], label: str) -> None:
+    import torch
+
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    if torch.cuda.memory_reserved() != 0:
+        raise CheckFailure(
+            f"{size(torch.cuda.memory_reserved())} of CUDA memory is still reserved after "
+            "empty_cache(): some CUDA tensor of the notebook is alive. Delete it (del t) before "
+            "this check, so the replay starts from an empty allocator.")
+    got = replay_on_cuda(list(trace))
+    exact(got, list, "the value replay_on_cuda returned")
+    if len(got) != len(trace):
+        raise CheckFailure(f"replay_on_cuda returned {len(got)} dicts for a trace of "
+                           f"{len(trace)} steps; return memory_stats() after every step.")
+    for step, (stats, want) in enumerate(zip(got, predicted(trace)), 1):
+        exact(stats, dict, f"the stats of step {step}")
+        for key in COMPARED:
+            if stats.get(key, 0) != want[key]:
+                raise CheckFailure(
+                    f"on {label}, after step {step}, {key} is {stats.get(key)} on the GPU and "
+                    f"{want[key]} in the model. Steps so far: {story(trace, step)}.")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+@check(EXERCISE)
+def one_stream(replay_on_cuda, ctx):
+    """the real allocator's stats are the model's, along a seeded trace on one stream"""
+    trace = model.random_trace(random.Random(ctx.seed), 60)
+    _verify(replay_on_cuda, trace, f"a random trace (seed {ctx.seed})")
+
+
+@check(EXERCISE, hidden=True)
+def two_streams(replay_on_cuda, ctx):
+    """and along seeded traces on two streams with empty_cache"""
+    rng = random.Random(ctx.seed + 7000)
+    for k in range(3):
+        trace = model.random_trace(rng, 80, streams=2, empty_cache=True)
+        _verify(replay_on_cuda, trace, f"hidden trace {k + 1}")

@@ -320,6 +320,14 @@ def torch_defaults():
                 torch.set_autocast_enabled(kind, True)
 
 
+def _earlier_stub(exc: NotImplementedError, exercise_id: str) -> bool:
+    """Whether ``exc`` is the stub of another exercise of ``exercise_id``'s lab (a later exercise
+    can build on an earlier one's answer, e.g. a subclass of its class)."""
+    other = exc.args[0] if len(exc.args) == 1 and isinstance(exc.args[0], str) else ""
+    lab = exercise_id.split(".", 1)[0]
+    return other != exercise_id and other.startswith(f"{lab}.") and other in _REGISTRY
+
+
 @contextlib.contextmanager
 def _seeded_rng(seed: int):
     """Fork torch's global CPU RNG and seed it, if torch is loaded (checks that never touch torch
@@ -374,6 +382,10 @@ def _run(exercise_id: str, every: list[Check], answer: Any, seed: int, device: s
             if isinstance(exc, NotImplementedError) and exc.args == (exercise_id,):
                 msg = (f"NotImplementedError: {exercise_id} is still the stub. Replace the "
                        f"`raise NotImplementedError(\"{exercise_id}\")` line with your answer.")
+            elif isinstance(exc, NotImplementedError) and _earlier_stub(exc, exercise_id):
+                msg = (f"NotImplementedError: {exercise_id} builds on {exc.args[0]}, which is "
+                       f"still the stub: finish {exc.args[0]} first (its check says what is "
+                       "missing).")
             else:
                 msg = _blame(exc, label)
             return Verdict(exercise_id, "error", _clip(msg), done, len(checks), seed)

@@ -24,12 +24,19 @@ from grader.labs import load_lab
 
 def load_answer(exercise_id: str, source: str = "solutions"):
     """The object the answer cell of ``exercise_id`` binds, executed from ``source``
-    (``solutions`` for the reference answer, ``notebooks`` for the released stub)."""
+    (``solutions`` for the reference answer, ``notebooks`` for the released stub), after the
+    setup cells and the reference answers of the lab's earlier exercises (which later ones may
+    build on, as lab 3's allocator classes do)."""
     lab = load_lab(exercise_id.split(".", 1)[0])
+    solved = notebook.read(ROOT / "solutions" / f"{lab.notebook}.ipynb")
     nb = notebook.read(ROOT / source / f"{lab.notebook}.ipynb")
     namespace = {"__name__": "__main__", "seed": 0, "device": "cpu"}
-    for src in notebook.code_of(nb, "setup"):
+    for src in notebook.code_of(solved, "setup"):
         exec(compile(src, f"<setup {lab.id}>", "exec"), namespace)
+    ids = [e.id for e in lab.exercises]
+    for earlier in ids[: ids.index(exercise_id)]:
+        for src in notebook.code_of(solved, "answer", earlier):
+            exec(compile(src, f"<answer {earlier}>", "exec"), namespace)
     sources = notebook.code_of(nb, "answer", exercise_id)
     assert sources, f"{source}/{lab.notebook}.ipynb has no answer cell for {exercise_id}"
     for src in sources:

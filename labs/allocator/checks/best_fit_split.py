@@ -10,17 +10,10 @@ import random
 from grader.checks import check
 from labs.allocator import model
 from labs.allocator.checks._harness import compare
+from labs.allocator.traces import BEST_FIT
 
 EXERCISE = "allocator.best-fit-split"
 MiB = model.MiB
-
-#: the notebook's worked example: small requests share a 2 MiB segment; a 5 MiB request splits a
-#: 20 MiB one; a freed small block is reused by best fit; a 12 MiB request gets its own segment
-EXAMPLE = [("malloc", 1, 1000, 0), ("malloc", 2, 3000, 0), ("malloc", 3, 5 * MiB, 0),
-           ("malloc", 4, 12 * MiB, 0), ("free", 1), ("malloc", 5, 700, 0),
-           ("malloc", 6, 9 * MiB, 0), ("free", 3), ("malloc", 7, 2 * MiB, 0),
-           ("malloc", 8, 16 * MiB, 0)]
-
 
 def _traces(seed: int, count: int, n: int) -> list[list[tuple]]:
     rng = random.Random(seed)
@@ -30,7 +23,7 @@ def _traces(seed: int, count: int, n: int) -> list[list[tuple]]:
 @check(EXERCISE)
 def worked_example(BestFitAllocator, ctx):
     """matches the real allocator on the notebook's example"""
-    compare(BestFitAllocator, EXAMPLE, coalesce=False, label="the notebook's example")
+    compare(BestFitAllocator, BEST_FIT, coalesce=False, label="the notebook's example")
 
 
 @check(EXERCISE)

@@ -11,17 +11,10 @@ from grader.checks import CheckFailure, check
 from labs.allocator import model
 from labs.allocator.checks._harness import compare, plain_snapshot, size
 from labs.allocator.gpu import SimulatedGPU
+from labs.allocator.traces import COALESCE, OUT_OF_MEMORY
 
 EXERCISE = "allocator.coalesce"
 MiB = model.MiB
-
-#: the notebook's example: four small blocks freed out of order merge back into one segment,
-#: which empty_cache returns; then a large pool fragmented by a live block
-EXAMPLE = [("malloc", 1, 300_000, 0), ("malloc", 2, 300_000, 0), ("malloc", 3, 300_000, 0),
-           ("malloc", 4, 300_000, 0), ("free", 2), ("free", 4), ("free", 3), ("free", 1),
-           ("malloc", 5, 4 * MiB, 0), ("malloc", 6, 4 * MiB, 0), ("malloc", 7, 4 * MiB, 0),
-           ("free", 5), ("free", 7), ("empty_cache",), ("free", 6), ("empty_cache",)]
-
 
 def fragmentation(segments: list[dict]) -> tuple[int, int]:
     """(inactive_split_bytes, largest free block) of a snapshot's segments, in bytes."""
@@ -61,7 +54,7 @@ def _figures(cls, trace, capacity, max_split_size, label):
 @check(EXERCISE)
 def worked_example(CoalescingAllocator, ctx):
     """matches the real allocator on the notebook's example"""
-    _figures(CoalescingAllocator, EXAMPLE, 2 * model.GiB, None, "the notebook's example")
+    _figures(CoalescingAllocator, COALESCE, 2 * model.GiB, None, "the notebook's example")
 
 
 @check(EXERCISE)
@@ -74,9 +67,7 @@ def random_trace(CoalescingAllocator, ctx):
 @check(EXERCISE)
 def out_of_memory(CoalescingAllocator, ctx):
     """frees its cached segments and retries before running out of memory"""
-    trace = [("malloc", 1, 30 * MiB, 0), ("malloc", 2, 30 * MiB, 0), ("free", 1),
-             ("malloc", 3, 50 * MiB, 0), ("malloc", 4, 80 * MiB, 0)]
-    _figures(CoalescingAllocator, trace, 100 * MiB, None, "a 100 MiB GPU")
+    _figures(CoalescingAllocator, OUT_OF_MEMORY, 100 * MiB, None, "the notebook's 100 MiB GPU")
 
 
 @check(EXERCISE, hidden=True)
@@ -88,6 +79,20 @@ def small_gpus(CoalescingAllocator, ctx):
         capacity = rng.choice([96, 128, 160]) * MiB
         limit = (None, 20 * MiB, None, 24 * MiB, 40 * MiB, None)[k]
         _figures(CoalescingAllocator, trace, capacity, limit, f"hidden trace {k + 1}")
+
+
+#: release_available_cached_blocks: a cached oversize block that covers the request is freed
+#: first; then two that only add up to it
+OVERSIZE = [("malloc", 1, 60 * MiB, 0), ("free", 1), ("malloc", 2, 30 * MiB, 0),
+            ("malloc", 3, 25 * MiB, 0), ("free", 2), ("free", 3), ("malloc", 4, 22 * MiB, 0),
+            ("malloc", 5, 22 * MiB, 0), ("free", 4), ("free", 5), ("malloc", 6, 41 * MiB, 0),
+            ("malloc", 7, 50 * MiB, 0)]
+
+
+@check(EXERCISE, hidden=True)
+def oversize_release(CoalescingAllocator, ctx):
+    """frees oversize cached blocks first when max_split_size is set"""
+    _figures(CoalescingAllocator, OVERSIZE, 100 * MiB, 20 * MiB, "a 100 MiB GPU")
 
 
 @check(EXERCISE, hidden=True)

@@ -12,18 +12,12 @@ from grader.checks import CheckFailure, check, exact
 from labs.allocator import model
 from labs.allocator.checks._harness import no_reference, size
 from labs.allocator.gpu import DeviceOutOfMemory, SimulatedGPU
+from labs.allocator.traces import FRAGMENTED
 
 EXERCISE = "allocator.oom-forensics"
 MiB = model.MiB
 KEYS = ("oom_request", "peak_requested", "peak_at", "reserved_unallocated",
         "largest_free_block", "culprit")
-
-#: the notebook's example: 18 MiB are cached but split around a live 2 MiB block, so a 12 MiB
-#: request finds no block, and no room, on a 100 MiB GPU
-EXAMPLE = [("malloc", 1, 8 * MiB, 0), ("malloc", 2, 2 * MiB, 0), ("malloc", 3, 8 * MiB, 0),
-           ("malloc", 4, 100_000, 0), ("free", 1), ("free", 3), ("malloc", 5, 78 * MiB, 0),
-           ("malloc", 6, 12 * MiB, 0)]
-
 
 def snapshot_at_oom(trace: list[tuple], capacity: int) -> dict | None:
     """The reference model's ``memory_snapshot()`` at the first out-of-memory of ``trace`` (the
@@ -140,7 +134,7 @@ def random_snapshots(seed: int, count: int) -> list[dict]:
 @check(EXERCISE)
 def worked_example(oom_forensics, ctx):
     """finds what the notebook's example shows"""
-    _verify(oom_forensics, snapshot_at_oom(EXAMPLE, 100 * MiB), "the notebook's example")
+    _verify(oom_forensics, snapshot_at_oom(FRAGMENTED, 100 * MiB), "the notebook's example")
 
 
 @check(EXERCISE)

@@ -9,22 +9,15 @@ import random
 from grader.checks import check
 from labs.allocator import model
 from labs.allocator.checks._harness import compare
+from labs.allocator.traces import STREAMS
 
 EXERCISE = "allocator.streams"
 MiB = model.MiB
 
-#: the notebook's example: a block freed on stream 0 is not reused by stream 1; a block used on
-#: stream 1 is pending free until stream 1's work is done
-EXAMPLE = [("malloc", 1, 4 * MiB, 0), ("free", 1), ("malloc", 2, 4 * MiB, 1),
-           ("malloc", 3, 4 * MiB, 0), ("use", 3, 1), ("free", 3), ("malloc", 4, 4 * MiB, 0),
-           ("sync", 1), ("malloc", 5, 4 * MiB, 0), ("malloc", 6, 100_000, 0), ("use", 6, 1),
-           ("free", 6), ("empty_cache",)]
-
-
 @check(EXERCISE)
 def worked_example(StreamAllocator, ctx):
     """matches the real allocator on the notebook's example"""
-    compare(StreamAllocator, EXAMPLE, label="the notebook's example")
+    compare(StreamAllocator, STREAMS, label="the notebook's example")
 
 
 @check(EXERCISE)

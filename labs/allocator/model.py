@@ -517,7 +517,8 @@ def stats_from_segments(segments: list[dict]) -> dict[str, int]:
     for ``all``, ``small_pool`` and ``large_pool``) computed from a snapshot's segments, as
     ``DeviceCachingAllocator`` keeps them (``increase_stat``/``decrease_stat``): allocated =
     allocated blocks; reserved = segments; active = allocated or waiting on events; inactive
-    split = free blocks of segments that are split. Keys: ``"<stat>.<pool>.current"``."""
+    split = free blocks of segments that are split (a block without ``requested_size`` counts 0
+    requested bytes). Keys: ``"<stat>.<pool>.current"``."""
     stats = {f"{name}.{scope}.current": 0 for name in STAT_NAMES
              for scope in ("all", "small_pool", "large_pool")}
     for seg in segments:
@@ -533,7 +534,7 @@ def stats_from_segments(segments: list[dict]) -> dict[str, int]:
                 if b["state"] != INACTIVE:
                     stats[f"active_bytes.{scope}.current"] += b["size"]
                     stats[f"active.{scope}.current"] += 1
-                    stats[f"requested_bytes.{scope}.current"] += b["requested_size"]
+                    stats[f"requested_bytes.{scope}.current"] += b.get("requested_size", 0)
                 elif split:
                     stats[f"inactive_split_bytes.{scope}.current"] += b["size"]
                     stats[f"inactive_split.{scope}.current"] += 1

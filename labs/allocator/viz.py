@@ -181,14 +181,6 @@ def _op_text(op: tuple) -> str:
     return "empty_cache()"
 
 
-def _stats(segments: list[dict]) -> dict[str, int]:
-    """``model.stats_from_segments``, for learners' segments too (blocks without
-    ``requested_size`` count 0 requested bytes)."""
-    return model.stats_from_segments(
-        [{**s, "blocks": [{"requested_size": 0, **b} for b in s["blocks"]]} for s in segments]
-    )
-
-
 def record(
     trace: list[tuple], *, capacity: int = 2 * 1024**3, allocator=None, **config
 ) -> list[Step]:
@@ -208,7 +200,7 @@ def record(
         segments = copy.deepcopy(alloc.snapshot())
         calls = tuple(gpu.log[seen[0] :])
         seen[0] = len(gpu.log)
-        steps.append(Step(i + 1, op, _op_text(op), result, segments, _stats(segments), calls))
+        steps.append(Step(i + 1, op, _op_text(op), result, segments, model.stats_from_segments(segments), calls))
 
     model.replay(alloc, gpu, trace, after_step)
     return steps

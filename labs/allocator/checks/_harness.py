@@ -20,12 +20,15 @@ _STATES = (model.ALLOCATED, model.PENDING_FREE, model.INACTIVE)
 
 
 def size(n: int) -> str:
-    """Bytes for a message: exact below 1 KiB, else KiB/MiB with the byte count."""
+    """Bytes for a message: exact below 1 KiB, else in KiB/MiB/GiB, with the byte count when the
+    unit does not divide it."""
     if n < 1024:
         return f"{n} B"
-    unit, scale = ("MiB", model.MiB) if n >= model.MiB else ("KiB", model.KiB)
-    text = f"{n / scale:.3f}".rstrip("0").rstrip(".")
-    return f"{text} {unit} ({n} B)"
+    unit, scale = next((u, s) for u, s in (("GiB", model.GiB), ("MiB", model.MiB),
+                                             ("KiB", model.KiB)) if n >= s)
+    if n % scale == 0:
+        return f"{n // scale} {unit}"
+    return f"{n / scale:.3f}".rstrip("0").rstrip(".") + f" {unit} ({n} B)"
 
 
 def describe(op: tuple) -> str:
@@ -166,8 +169,8 @@ def compare(cls, trace: list[tuple], *, capacity: int = 2 * model.GiB,
         where = f"on {label} (capacity {size(capacity)}{setting}), after step {step}"
         before_ref = ref.snapshot()
         n_ref, n_mine = len(ref_gpu.log), len(mine_gpu.log)
-        ref_result = _apply(ref, ref_gpu, op, ref_live)
-        mine_result = _apply(mine, mine_gpu, op, mine_live, learner=True)
+        ref_result = apply_op(ref, ref_gpu, op, ref_live)
+        mine_result = apply_op(mine, mine_gpu, op, mine_live, learner=True)
         context = f" Steps so far: {story(trace, step)}."
         if isinstance(ref_result, DeviceOutOfMemory) != isinstance(mine_result, DeviceOutOfMemory):
             if isinstance(ref_result, DeviceOutOfMemory):
@@ -179,48 +182,62 @@ def compare(cls, trace: list[tuple], *, capacity: int = 2 * model.GiB,
                 f"memory for it ({_locate(ref.snapshot(), ref_result)})." + context)
         if op[0] == "malloc" and not isinstance(ref_result, DeviceOutOfMemory):
             exact(mine_result, int, f"the address malloc returned at step {step}")
+            owner = next((s for s in plain_snapshot(call(mine, "snapshot"))
+                          if s["address"] <= mine_result < s["address"] + s["total_size"]), None)
+            if owner is not None and owner["stream"] != op[3]:
+                raise CheckFailure(
+                    f"{where}: your malloc for stream {op[3]} returned a block of a segment of "
+                    f"stream {owner['stream']}. Cached blocks are reused only by requests on the "
+                    "stream they were allocated on (pools are ordered by stream first)." + context)
         calls_ref = Counter(c for c in ref_gpu.log[n_ref:] if c[0] in ("cudaMalloc", "cudaFree"))
         calls_mine = Counter(c for c in mine_gpu.log[n_mine:]
                              if c[0] in ("cudaMalloc", "cudaFree"))
         if calls_ref != calls_mine:
             raise CheckFailure(f"{where}: {_calls(calls_mine, calls_ref)}" + context)
-        segs_mine = plain_snapshot(_call(mine, "snapshot"))
+        segs_mine = plain_snapshot(call(mine, "snapshot"))
         invariants(segs_mine, mine_gpu, mine_live, where)
         segs_ref = [_reduce(s) for s in ref.snapshot()]
         if op[0] == "malloc" and mine_result != ref_result and isinstance(ref_result, int):
             why = _why_block(before_ref, op, model.round_size(op[2]), max_split_size)
+            if _pending(segs_ref) < _pending(before_ref):
+                why = ("Before searching, malloc frees the blocks whose events have all completed "
+                       "(process_events), and they merge with free neighbours: "
+                       f"{_pending(before_ref) - _pending(segs_ref)} pending block(s) were freed "
+                       "here first.")
             raise CheckFailure(
                 f"{where}: your malloc returned {_locate(segs_mine, mine_result)}; the real "
-                f"allocator returns {_locate(segs_ref, ref_result)}. {why}" + context)
+                f"allocator returns {_locate(segs_ref, ref_result)}. {why} The allocation is the "
+                "front of the chosen block (its address); a split-off rest follows it." + context)
         if segs_mine != segs_ref:
-            raise CheckFailure(f"{where}: {_diff(segs_mine, segs_ref)}" + context)
+            raise CheckFailure(f"{where}: {_diff(segs_mine, segs_ref, coalesce)}" + context)
 
 
-def _call(obj, name: str, *args):
+def call(obj, name: str, *args):
+    """``obj.<name>(*args)`` for a learner's object, refused if it calls the reference model."""
     with no_reference():
         return getattr(obj, name)(*args)
 
 
-def _apply(allocator, gpu, op, live, learner: bool = False):
+def apply_op(allocator, gpu, op, live, learner: bool = False):
     """One op of the trace (as ``model.replay`` runs it); returns what malloc returned/raised."""
     kind = op[0]
-    call = _call if learner else (lambda obj, name, *args: getattr(obj, name)(*args))
+    run = call if learner else (lambda obj, name, *args: getattr(obj, name)(*args))
     if kind == "malloc":
         try:
-            result = call(allocator, "malloc", op[2], op[3])
+            result = run(allocator, "malloc", op[2], op[3])
         except DeviceOutOfMemory as exc:
             return exc
         live[op[1]] = result
         return result
     if kind == "free" and op[1] in live:
-        call(allocator, "free", live.pop(op[1]))
+        run(allocator, "free", live.pop(op[1]))
     elif kind == "use" and op[1] in live:
         gpu.launch(op[2])
-        call(allocator, "record_stream", live[op[1]], op[2])
+        run(allocator, "record_stream", live[op[1]], op[2])
     elif kind == "sync":
         gpu.synchronize(op[1])
     elif kind == "empty_cache":
-        call(allocator, "empty_cache")
+        run(allocator, "empty_cache")
     return None
 
 
@@ -247,6 +264,10 @@ def _calls(mine: Counter, ref: Counter) -> str:
             "request's pool; cudaFree returns whole cached segments only.")
 
 
+def _pending(segs: list[dict]) -> int:
+    return sum(b["state"] == model.PENDING_FREE for s in segs for b in s["blocks"])
+
+
 def _why_block(before: list[dict], op: tuple, rounded: int, max_split: int | None) -> str:
     """Why the reference picked its block, from the free blocks before the malloc."""
     pool = "small" if rounded <= model.K_SMALL_SIZE else "large"
@@ -265,7 +286,7 @@ def _why_block(before: list[dict], op: tuple, rounded: int, max_split: int | Non
             f"that many bytes ({size(best[0])} at {best[1]:#x}), the lowest address on ties.")
 
 
-def _diff(mine: list[dict], ref: list[dict]) -> str:
+def _diff(mine: list[dict], ref: list[dict], coalesce: bool) -> str:
     """The first difference between two snapshots, in words."""
     for i, (a, b) in enumerate(zip(mine, ref)):
         if a == b:
@@ -276,13 +297,24 @@ def _diff(mine: list[dict], ref: list[dict]) -> str:
                         "real allocator's.")
         sizes_a = [(x["size"], x["state"]) for x in a["blocks"]]
         sizes_b = [(x["size"], x["state"]) for x in b["blocks"]]
+        split_rule = ("a block is split only when the rest is big enough (small pool: at least "
+                      "512 bytes; large pool: more than 1 MiB, for requests under "
+                      "max_split_size)")
         hint = ""
-        if len(sizes_a) > len(sizes_b):
-            hint = (" Your segment has more blocks: a freed block must merge with free "
-                    "neighbours, and a block is split only when the remainder is big enough.")
+        if _pending([b]) > _pending([a]):
+            hint = (" A block used on another stream (record_stream) stays pending free, neither "
+                    "reused nor merged, until the events recorded when it was freed complete.")
+        elif _pending([a]) > _pending([b]):
+            hint = (" A pending block is freed once its events complete: at the start of each "
+                    "malloc (process_events), and in empty_cache, which waits for them.")
+        elif len(sizes_a) > len(sizes_b):
+            hint = (" Your segment has more blocks: "
+                    + ("a freed block merges with each free neighbour, and " if coalesce else "")
+                    + split_rule + ".")
         elif len(sizes_a) < len(sizes_b):
-            hint = (" Yours has fewer blocks: the real allocator split a block here, or kept "
-                    "neighbours apart that are not both free.")
+            hint = (" Yours has fewer blocks: " + split_rule
+                    + ("; only free neighbours merge (not pending or allocated ones)"
+                       if coalesce else "; nothing merges yet") + ".")
         return (f"segment {i} ({size(a['total_size'])}) holds blocks {_blocks(sizes_a)} in your "
                 f"snapshot, {_blocks(sizes_b)} in the real allocator's.{hint}")
     return (f"your snapshot lists {len(mine)} segment(s), the real allocator's {len(ref)}.")

@@ -9,8 +9,15 @@ import random
 
 from grader.checks import CheckFailure, check
 from labs.allocator import model
-from labs.allocator.checks._harness import compare, plain_snapshot, size
-from labs.allocator.gpu import SimulatedGPU
+from labs.allocator.checks._harness import (
+    apply_op,
+    call,
+    compare,
+    no_reference,
+    plain_snapshot,
+    size,
+)
+from labs.allocator.gpu import DeviceOutOfMemory, SimulatedGPU
 from labs.allocator.traces import COALESCE, OUT_OF_MEMORY
 
 EXERCISE = "allocator.coalesce"
@@ -23,26 +30,36 @@ def fragmentation(segments: list[dict]) -> tuple[int, int]:
     return stats["inactive_split_bytes.all.current"], max(free, default=0)
 
 
-def _figures(cls, trace, capacity, max_split_size, label):
-    """Compare fragmentation figures step by step first (a clearer message), then everything."""
-    mine_gpu, ref_gpu = SimulatedGPU(capacity), SimulatedGPU(capacity)
-    mine = cls(mine_gpu, max_split_size=max_split_size)
-    ref = model.CachingAllocatorModel(ref_gpu, max_split_size=max_split_size)
+def _steps(allocator, gpu, trace, learner: bool) -> list[tuple[bool, tuple[int, int]]]:
+    """(out of memory?, fragmentation) after each step, as far as the allocator gets."""
+    steps, live = [], {}
     try:
-        steps_mine, steps_ref = [], []
-        model.replay(mine, mine_gpu, trace,
-                     lambda i, op, r: steps_mine.append(fragmentation(plain_snapshot(
-                         mine.snapshot()))))
-        model.replay(ref, ref_gpu, trace,
-                     lambda i, op, r: steps_ref.append(fragmentation(ref.snapshot())))
+        for op in trace:
+            result = apply_op(allocator, gpu, op, live, learner=learner)
+            segments = call(allocator, "snapshot") if learner else allocator.snapshot()
+            steps.append((isinstance(result, DeviceOutOfMemory),
+                          fragmentation(plain_snapshot(segments))))
     except CheckFailure:
         raise
-    except Exception:  # any error is reported by compare, at its step, with its line
-        steps_mine = None
-    if steps_mine is not None:
-        for step, (a, b) in enumerate(zip(steps_mine, steps_ref), 1):
-            if a != b:
-                raise CheckFailure(
+    except Exception:  # reported by compare, at its step, with the learner's line
+        pass
+    return steps
+
+
+def _figures(cls, trace, capacity, max_split_size, label):
+    """Compare fragmentation figures step by step first (a clearer message when merging is
+    wrong), then everything, with compare."""
+    mine_gpu, ref_gpu = SimulatedGPU(capacity), SimulatedGPU(capacity)
+    with no_reference():
+        mine = cls(mine_gpu, max_split_size=max_split_size)
+    ref = model.CachingAllocatorModel(ref_gpu, max_split_size=max_split_size)
+    steps_mine = _steps(mine, mine_gpu, trace, learner=True)
+    steps_ref = _steps(ref, ref_gpu, trace, learner=False)
+    for step, ((oom_a, a), (oom_b, b)) in enumerate(zip(steps_mine, steps_ref), 1):
+        if oom_a != oom_b:
+            break  # compare says what went wrong
+        if a != b:
+            raise CheckFailure(
                     f"on {label}, after step {step}: inactive_split_bytes is {size(a[0])} and the "
                     f"largest free block {size(a[1])} in your allocator; the real allocator has "
                     f"{size(b[0])} and {size(b[1])}. A freed block merges with each free "
@@ -81,12 +98,12 @@ def small_gpus(CoalescingAllocator, ctx):
         _figures(CoalescingAllocator, trace, capacity, limit, f"hidden trace {k + 1}")
 
 
-#: release_available_cached_blocks: a cached oversize block that covers the request is freed
-#: first; then two that only add up to it
-OVERSIZE = [("malloc", 1, 60 * MiB, 0), ("free", 1), ("malloc", 2, 30 * MiB, 0),
-            ("malloc", 3, 25 * MiB, 0), ("free", 2), ("free", 3), ("malloc", 4, 22 * MiB, 0),
-            ("malloc", 5, 22 * MiB, 0), ("free", 4), ("free", 5), ("malloc", 6, 41 * MiB, 0),
-            ("malloc", 7, 50 * MiB, 0)]
+#: release_available_cached_blocks on a 100 MiB GPU with max_split_size 20 MiB: step 5 frees only
+#: the cached 60 MiB block that covers the request, step 9 only the two largest oversize blocks
+#: that add up to it; the 12 MiB and small segments stay cached both times
+OVERSIZE = [("malloc", 1, 60 * MiB, 0), ("malloc", 2, 100_000, 0), ("malloc", 3, 12 * MiB, 0),
+            ("free", 1), ("free", 2), ("free", 3), ("malloc", 4, 30 * MiB, 0),
+            ("malloc", 5, 24 * MiB, 0), ("free", 4), ("free", 5), ("malloc", 6, 50 * MiB, 0)]
 
 
 @check(EXERCISE, hidden=True)

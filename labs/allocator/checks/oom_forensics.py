@@ -144,6 +144,21 @@ def random_oom(oom_forensics, ctx):
     _verify(oom_forensics, snap, f"a random OOM (seed {ctx.seed})")
 
 
+#: edge cases: the peak is reached twice (the first counts); a small-pool block would leave room
+#: for the failed request, but the request is for the large pool (24 MiB GPU)
+REPEATED_PEAK = [("malloc", 1, 4 * MiB, 0), ("free", 1), ("malloc", 2, 4 * MiB, 0),
+                 ("malloc", 3, 100 * MiB, 0)]
+OTHER_POOL = [("malloc", 1, 100_000, 0), ("malloc", 2, 9 * MiB, 0), ("malloc", 3, 10 * MiB, 0),
+              ("malloc", 4, 1536 * 1024, 0)]
+
+
+@check(EXERCISE, hidden=True)
+def edge_cases(oom_forensics, ctx):
+    """is right when the peak repeats and when another pool has room"""
+    _verify(oom_forensics, snapshot_at_oom(REPEATED_PEAK, 64 * MiB), "a repeated peak")
+    _verify(oom_forensics, snapshot_at_oom(OTHER_POOL, 24 * MiB), "a full large pool")
+
+
 @check(EXERCISE, hidden=True)
 def many_ooms(oom_forensics, ctx):
     """is right on more seeded OOMs"""

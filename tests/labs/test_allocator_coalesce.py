@@ -1,0 +1,90 @@
+"""allocator.coalesce: plausible wrong allocators fail, called directly through run_checks. Each
+is the reference answer with one rule changed. The reference and the stub are tested for every
+exercise in test_exercise_contract.py."""
+import pytest
+
+from tests.conftest import assert_rejected, load_answer
+
+EX = "allocator.coalesce"
+
+
+@pytest.fixture(scope="module")
+def Ref():
+    return load_answer(EX)
+
+
+def flawed(Ref, flaw):
+    """The reference allocator with one flaw."""
+    BestFit = Ref.__mro__[1]
+
+    class Flawed(Ref):
+        def free(self, ptr):
+            if flaw == "no merging":
+                return BestFit.free(self, ptr)
+            if flaw == "merges only with the next block":
+                BestFit.free(self, ptr)
+                segment, i = self._find(ptr)
+                blocks = segment.blocks
+                if i + 1 < len(blocks) and blocks[i + 1].state == "inactive":
+                    blocks[i].size += blocks.pop(i + 1).size
+                return None
+            return super().free(ptr)
+
+        def empty_cache(self):
+            if flaw == "empty_cache frees segments with a free block":
+                for s in list(self.segments):
+                    if any(b.state == "inactive" for b in s.blocks):
+                        self._release(s)
+                return None
+            return super().empty_cache()
+
+        def _new_segment(self, segment_size, pool, stream, rounded):
+            if flaw == "no retry":
+                return BestFit._new_segment(self, segment_size, pool, stream, rounded)
+            if flaw == "empties the cache before the oversize release":
+                try:
+                    return BestFit._new_segment(self, segment_size, pool, stream, rounded)
+                except Exception:
+                    self.empty_cache()
+                    return BestFit._new_segment(self, segment_size, pool, stream, rounded)
+            return super()._new_segment(segment_size, pool, stream, rounded)
+
+        def _release_oversize(self, rounded, pool, stream):
+            if flaw == "oversize release counts free blocks of split segments":
+                if self.max_split_size == float("inf"):
+                    return False
+                need = max(rounded, self.max_split_size)
+                cached = sorted((s.blocks[0].size, s.address, s) for s in self.segments
+                                if s.pool == pool and s.stream == stream
+                                for b in s.blocks if b.state == "inactive")
+                covering = [c for c in cached if c[0] >= need]
+                if covering:
+                    self._release(covering[0][2])
+                    return True
+                return False
+            if flaw == "no oversize release":
+                return False
+            return super()._release_oversize(rounded, pool, stream)
+
+    return Flawed
+
+
+FLAWS = {
+    "no merging": "inactive_split_bytes",
+    "merges only with the next block": "inactive_split_bytes",
+    "empty_cache frees segments with a free block": "",
+    "no retry": "raised DeviceOutOfMemory",
+    "empties the cache before the oversize release": "",
+    "oversize release counts free blocks of split segments": "",
+    "no oversize release": "",
+}
+
+
+@pytest.mark.parametrize("flaw", list(FLAWS))
+def test_flawed_allocators_fail(Ref, flaw):
+    for seed in (0, 1):
+        assert_rejected(EX, flawed(Ref, flaw), FLAWS[flaw], seed=seed)
+
+
+def test_the_best_fit_allocator_alone_fails():
+    assert_rejected(EX, load_answer("allocator.best-fit-split"), "inactive_split_bytes")

@@ -10,7 +10,7 @@ import random
 
 from grader.checks import CheckFailure, check, exact
 from labs.allocator import model
-from labs.allocator.checks._harness import size, story
+from labs.allocator.checks._harness import no_reference, size, story
 from labs.allocator.gpu import SimulatedGPU
 
 EXERCISE = "allocator.vs-real"
@@ -38,7 +38,19 @@ def _verify(replay_on_cuda, trace: list[tuple], label: str) -> None:
             f"{size(torch.cuda.memory_reserved())} of CUDA memory is still reserved after "
             "empty_cache(): some CUDA tensor of the notebook is alive. Delete it (del t) before "
             "this check, so the replay starts from an empty allocator.")
-    got = replay_on_cuda(list(trace))
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+    try:
+        with no_reference():
+            got = replay_on_cuda(list(trace))
+        events = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    allocations = sum(e["action"] == "alloc" for e in events)
+    mallocs = sum(op[0] == "malloc" for op in trace)
+    if allocations < mallocs:
+        raise CheckFailure(
+            f"replay_on_cuda made {allocations} allocation(s) on the GPU for a trace of {mallocs} "
+            "mallocs: run every malloc of the trace as a CUDA tensor on the real allocator.")
     exact(got, list, "the value replay_on_cuda returned")
     if len(got) != len(trace):
         raise CheckFailure(f"replay_on_cuda returned {len(got)} dicts for a trace of "

@@ -1,0 +1,71 @@
+"""allocator.vs-real and the reference model against the real allocator.
+
+Without CUDA: the exercise is skipped with its reason, and the model is checked against every
+recording of the real allocator in tests/labs/data/allocator_gpu/ (made on a GPU by
+``python -m tests.labs.record_allocator``). With CUDA: the same traces are replayed live through
+the real allocator and the model, and wrong answers to the exercise fail."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from grader.labs import load_lab
+from labs.allocator.checks.vs_real import predicted
+from labs.allocator.traces import BEST_FIT
+from tests.conftest import assert_rejected, load_answer
+from tests.labs import record_allocator as rec
+
+EX = "allocator.vs-real"
+RECORDINGS = sorted((Path(__file__).parent / "data" / "allocator_gpu").glob("*.json"))
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def test_without_cuda_the_exercise_is_skipped_with_its_reason():
+    reason = load_lab("allocator").exercise(EX).unmet("cpu")
+    assert reason and "needs cuda" in reason
+
+
+def test_the_prediction_has_one_step_per_op():
+    steps = predicted(BEST_FIT)
+    assert len(steps) == len(BEST_FIT)
+    # live at the end: 3000 B and 700 B (rounded to 3 KiB and 1 KiB), 12, 9, 2 and 16 MiB
+    assert steps[-1]["allocated_bytes.all.current"] == 4 * 1024 + 39 * 2**20
+    assert steps[-1]["allocated_bytes.small_pool.current"] == 4 * 1024
+
+
+@pytest.mark.skipif(not RECORDINGS, reason="no recording of the real allocator yet: run "
+                    "`python -m tests.labs.record_allocator` on a CUDA machine")
+@pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: p.stem)
+def test_the_model_matches_recorded_gpu_runs(path):
+    data = json.loads(path.read_text())
+    for t in data["traces"]:
+        trace = [tuple(op) for op in t["trace"]]
+        found = rec.differences(t["steps"], rec.replay_model(trace, t["capacity"]), trace)
+        assert not found, f"{data['gpu']} (torch {data['torch']}), {t['name']}: {found[:3]}"
+
+
+@cuda
+@pytest.mark.parametrize("t", rec.traces(), ids=lambda t: t["name"])
+def test_the_real_allocator_matches_the_model(t):
+    trace = [tuple(op) for op in t["trace"]]
+    real, capacity = rec.replay_real(trace, t["capacity"])
+    model_capacity = capacity if t["capacity"] is not None else 1 << 50
+    found = rec.differences(real, rec.replay_model(trace, model_capacity), trace)
+    assert not found, found[:3]
+
+
+@cuda
+def test_returning_the_model_s_prediction_is_refused():
+    assert_rejected(EX, predicted, "reference model")
+
+
+@cuda
+def test_a_replay_without_streams_fails():
+    reference = load_answer(EX)
+
+    def one_stream(trace):
+        return reference([op if op[0] != "malloc" else op[:3] + (0,) for op in trace
+                          if op[0] != "use"])
+
+    assert_rejected(EX, one_stream)

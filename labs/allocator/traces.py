@@ -3,8 +3,9 @@ notebook walks through and the exercises' first checks replay, so the two cannot
 
 MiB = 1024**2
 
-#: section 3: small requests share a 2 MiB segment, a 5 MiB request splits a 20 MiB one, freed
-#: blocks are reused by best fit, 10 MiB and more get a segment of their own
+#: section 3: small requests share a 2 MiB segment; a 5 MiB request splits a 20 MiB one whose
+#: remainder a 12 MiB request then splits; freed blocks are reused by best fit; a 2 MiB request
+#: takes a whole 3 MiB block (1 MiB would remain: no split); 16 MiB gets a segment of its own
 BEST_FIT = [
     ("malloc", 1, 1000, 0),
     ("malloc", 2, 3000, 0),

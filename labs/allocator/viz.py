@@ -200,7 +200,17 @@ def record(
         segments = copy.deepcopy(alloc.snapshot())
         calls = tuple(gpu.log[seen[0] :])
         seen[0] = len(gpu.log)
-        steps.append(Step(i + 1, op, _op_text(op), result, segments, model.stats_from_segments(segments), calls))
+        steps.append(
+            Step(
+                i + 1,
+                op,
+                _op_text(op),
+                result,
+                segments,
+                model.stats_from_segments(segments),
+                calls,
+            )
+        )
 
     model.replay(alloc, gpu, trace, after_step)
     return steps

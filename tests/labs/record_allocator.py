@@ -92,7 +92,8 @@ def replay_real(trace: list[tuple], capacity: int | None) -> tuple[list[dict], i
         for op in trace:
             kind, oom = op[0], False
             for s in (op[3],) if kind == "malloc" else (op[2],) if kind == "use" else ():
-                streams.setdefault(s, torch.cuda.Stream())
+                if s not in streams:
+                    streams[s] = torch.cuda.Stream()
             if kind == "malloc":
                 try:
                     with torch.cuda.stream(streams[op[3]]):

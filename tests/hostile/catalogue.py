@@ -349,8 +349,16 @@ _LEARNER_IO = {
 }
 
 
+# lab 3: an answer that returns the checks' own expected value, and a snapshot() that says yes
+# to every comparison (the allocator classes of exercises 3 and 4 inherit it)
+_ORACLE_ANSWER = ("from labs.allocator.checks.oom_forensics import expected as _expected\n"
+                  "{name} = _expected")
+_LYING_SNAPSHOT = ("class _Yes(list):\n    def __eq__(self, other):\n        return True\n\n\n"
+                   "_honest_snapshot = {name}.snapshot\n"
+                   "{name}.snapshot = lambda self: _Yes(_honest_snapshot(self))")
+
 # ------------------------------------------------------------------ the catalogue
-A, D = "autograd", "dispatcher"
+A, D, L = "autograd", "dispatcher", "allocator"
 
 FIXTURES = [
     # execution faults
@@ -419,6 +427,13 @@ FIXTURES = [
     Fixture("patched-torch-internals", "what assert_close runs patched (no grader knowledge)", A,
             after(A, "per-sample-grads", _PATCH_TORCH_INTERNALS),
             {"per-sample-grads": ("error", "`torch.testing._comparison.not_close_error_metas`")}),
+    Fixture("oracle-answer", "an answer that is the checks' own oracle", L,
+            after(L, "oom-forensics", _ORACLE_ANSWER),
+            {"oom-forensics": ("failed", "calls the lab's own model or checks")}),
+    Fixture("lying-snapshot", "an allocator whose snapshot equals everything", L,
+            after(L, "best-fit-split", _LYING_SNAPSHOT),
+            {slug: ("failed", "a subclass of list")
+             for slug in ("best-fit-split", "coalesce", "streams")}),
     Fixture("patched-grader", "the grader's run_checks replaced from an answer", D,
             after(D, "privateuse1", _PATCH_RUN_CHECKS),
             {"privateuse1": ("error", "the notebook replaced `grader.selfcheck.run_checks`")}),

@@ -127,7 +127,7 @@ def test_wrapping_the_reference_model_is_refused():
         def snapshot(self):
             return self.inner.snapshot()
 
-    assert_rejected(EX, Wrapper, "reference model")
+    assert_rejected(EX, Wrapper, "own model or checks")
 
 
 def test_a_mistake_names_the_step_and_the_rule(Ref):

@@ -94,4 +94,4 @@ def test_a_float_size_is_refused():
 
 
 def test_calling_the_reference_model_is_refused():
-    assert_rejected(EX, model.allocation_plan, "reference model")
+    assert_rejected(EX, model.allocation_plan, "own model or checks")

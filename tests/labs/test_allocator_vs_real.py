@@ -58,7 +58,7 @@ def test_the_real_allocator_matches_the_model(t):
 
 @cuda
 def test_returning_the_model_s_prediction_is_refused():
-    assert_rejected(EX, predicted, "reference model")
+    assert_rejected(EX, predicted, "own model or checks")
 
 
 @cuda

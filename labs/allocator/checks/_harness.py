@@ -15,7 +15,8 @@ from grader.checks import CheckFailure, exact
 from labs.allocator import model
 from labs.allocator.gpu import DeviceOutOfMemory, SimulatedGPU
 
-_MODEL_FILE = str(Path(model.__file__).resolve())
+#: what a learner's code may not call: the reference model and the checks (the oracles)
+_ORACLES = (model.__file__, str(Path(__file__).parent))
 _STATES = (model.ALLOCATED, model.PENDING_FREE, model.INACTIVE)
 
 
@@ -54,13 +55,14 @@ def story(trace: list[tuple], upto: int, last: int = 6) -> str:
 
 @contextlib.contextmanager
 def no_reference():
-    """Fail the check if the learner's code calls into the lab's reference model (it is the
-    oracle: an allocator that delegates to it proves nothing)."""
+    """Fail the check if the learner's code calls into the lab's reference model or its checks
+    (they are the oracle: an answer that delegates to them proves nothing)."""
     called = []
 
     def profile(frame, event, arg):
-        if event == "call" and frame.f_code.co_filename == _MODEL_FILE:
-            called.append(frame.f_code.co_name)
+        name = frame.f_code.co_filename
+        if event == "call" and name.startswith(_ORACLES) and name != __file__:
+            called.append(f"{Path(frame.f_code.co_filename).stem}.{frame.f_code.co_name}")
 
     previous = sys.getprofile()
     sys.setprofile(profile)
@@ -70,10 +72,8 @@ def no_reference():
         sys.setprofile(previous)
         if called:
             raise CheckFailure(
-                "your allocator calls the lab's reference model (labs.allocator.model."
-                f"{called[0]}). Build the mechanism yourself: that model is the oracle the "
-                "checks compare you with."
-            )
+                f"your answer calls the lab's own model or checks ({called[0]}). Build the "
+                "mechanism yourself: they are the oracle the checks compare you with.")
 
 
 def plain_snapshot(value, what: str = "snapshot()") -> list[dict]:

@@ -515,7 +515,7 @@ STAT_NAMES = ("allocated_bytes", "reserved_bytes", "active_bytes", "inactive_spl
 def stats_from_segments(segments: list[dict]) -> dict[str, int]:
     """The ``current`` value of each statistic of ``torch.cuda.memory_stats()`` (``STAT_NAMES``,
     for ``all``, ``small_pool`` and ``large_pool``) computed from a snapshot's segments, as
-    ``DeviceCachingAllocator`` keeps them (``increase_stat``/``decrease_stat``): allocated =
+    ``DeviceCachingAllocator`` keeps them (``c10/core/Allocator.h: Stat::increase``): allocated =
     allocated blocks; reserved = segments; active = allocated or waiting on events; inactive
     split = free blocks of segments that are split (a block without ``requested_size`` counts 0
     requested bytes). Keys: ``"<stat>.<pool>.current"``."""
@@ -550,6 +550,31 @@ def _fmt(n: int) -> str:
 
 
 # ------------------------------------------------------------------ traces
+def format_bytes(n: int, exact: bool = False) -> str:
+    """Bytes in words: ``n B`` below 1 KiB, else KiB/MiB/GiB with at most two decimals; with
+    ``exact``, the byte count first when the unit does not divide ``n`` (``10485759 B (about
+    10 MiB)``)."""
+    if n < KiB:
+        return f"{n} B"
+    unit, scale = next((u, s) for u, s in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)) if n >= s)
+    text = f"{n / scale:.2f}".rstrip("0").rstrip(".") + f" {unit}"
+    return f"{n} B (about {text})" if exact and n % scale else text
+
+
+def describe(op: tuple, exact: bool = False) -> str:
+    """One op of a trace in words: ``#3 = malloc(5 MiB, stream 0)``, ``free(#3)``, ..."""
+    kind = op[0]
+    if kind == "malloc":
+        return f"#{op[1]} = malloc({format_bytes(op[2], exact)}, stream {op[3]})"
+    if kind == "free":
+        return f"free(#{op[1]})"
+    if kind == "use":
+        return f"#{op[1]} used on stream {op[2]} (record_stream)"
+    if kind == "sync":
+        return f"stream {op[1]} finishes its work"
+    return "empty_cache()"
+
+
 def replay(allocator, gpu: SimulatedGPU, trace: list[tuple], after_step=None) -> dict:
     """Run ``trace`` on ``allocator`` (any object with the model's ``malloc``/``free``, and
     ``record_stream``/``empty_cache`` when the trace uses them) over ``gpu``.

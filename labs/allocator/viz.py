@@ -44,14 +44,6 @@ STATS = ("allocated_bytes", "reserved_bytes", "active_bytes", "inactive_split_by
 _LABEL_FRACTION = 0.08
 
 
-def _size(n: int) -> str:
-    """Bytes for a label: B below 1 KiB, else KiB or MiB with at most two decimals."""
-    if n < 1024:
-        return f"{n} B"
-    unit, scale = ("MiB", MiB) if n >= MiB else ("KiB", model.KiB)
-    return f"{n / scale:.2f}".rstrip("0").rstrip(".") + f" {unit}"
-
-
 # ------------------------------------------------------------------ segments and blocks
 def block_kind(segment: dict, block: dict) -> str:
     """What ``block`` of ``segment`` is, a key of :data:`COLOURS`: ``"allocated"``
@@ -109,7 +101,7 @@ def segments_figure(segments: list[dict], title: str | None = None) -> Figure:
                 ax.text(
                     left + width / 2,
                     row,
-                    _size(block["size"]),
+                    model.format_bytes(block["size"]),
                     ha="center",
                     va="center",
                     fontsize=8,
@@ -120,7 +112,7 @@ def segments_figure(segments: list[dict], title: str | None = None) -> Figure:
     ax.set_yticks(
         range(len(segments)),
         [
-            f"{i}: {s['segment_type']}, {_size(s['total_size'])}, stream {s['stream']}"
+            f"{i}: {s['segment_type']}, {model.format_bytes(s['total_size'])}, stream {s['stream']}"
             for i, s in enumerate(segments)
         ],
         fontsize=8,
@@ -132,8 +124,8 @@ def segments_figure(segments: list[dict], title: str | None = None) -> Figure:
         reserved = sum(s["total_size"] for s in segments)
         allocated = sum(b["size"] for b in blocks if b["state"] == model.ALLOCATED)
         title = (
-            f"{len(segments)} segment{'s' * (len(segments) != 1)}: {_size(reserved)} reserved, "
-            f"{_size(allocated)} allocated"
+            f"{len(segments)} segment{'s' * (len(segments) != 1)}: {model.format_bytes(reserved)} reserved, "
+            f"{model.format_bytes(allocated)} allocated"
         )
     ax.set_title(title, fontsize=10)
     ax.legend(
@@ -167,20 +159,6 @@ class Step:
     calls: tuple
 
 
-def _op_text(op: tuple) -> str:
-    """One trace op in words: ``#3 = malloc(5 MiB, stream 0)``, ``free(#3)``, ..."""
-    kind = op[0]
-    if kind == "malloc":
-        return f"#{op[1]} = malloc({_size(op[2])}, stream {op[3]})"
-    if kind == "free":
-        return f"free(#{op[1]})"
-    if kind == "use":
-        return f"#{op[1]} used on stream {op[2]} (record_stream)"
-    if kind == "sync":
-        return f"stream {op[1]} finishes its work"
-    return "empty_cache()"
-
-
 def record(
     trace: list[tuple], *, capacity: int = 2 * 1024**3, allocator=None, **config
 ) -> list[Step]:
@@ -204,7 +182,7 @@ def record(
             Step(
                 i + 1,
                 op,
-                _op_text(op),
+                model.describe(op),
                 result,
                 segments,
                 model.stats_from_segments(segments),
@@ -220,8 +198,9 @@ def timeline_figure(history: list[Step], title: str | None = None) -> Figure:
     """Memory over a trace recorded by :func:`record`: ``allocated_bytes``,
     ``reserved_bytes``, ``active_bytes`` and ``inactive_split_bytes`` of the "all" pool (MiB)
     after each step (x: the step's number, from 1), with vertical lines at the steps that
-    cudaMalloc'ed (green, dashed) or cudaFree'd (purple, dotted) a segment, and red ones at the
-    steps whose malloc ran out of memory. Returns a ``Figure``.
+    cudaMalloc'ed (green, dashed, just left of the step), cudaFree'd (purple, dotted, just
+    right of it) or failed a cudaMalloc (orange, dash-dotted, on it) a segment, and red ones at
+    the steps whose malloc ran out of memory. Returns a ``Figure``.
 
     The statistics are those of ``torch.cuda.memory_stats()``
     (``c10/cuda/CUDACachingAllocator.cpp: DeviceCachingAllocator::getStats``)."""
@@ -233,13 +212,19 @@ def timeline_figure(history: list[Step], title: str | None = None) -> Figure:
         ys = [s.stats[f"{name}.all.current"] / MiB for s in history]
         ax.plot(xs, ys, color=colour, marker=".", linewidth=width, label=name)
 
-    def made(call: str) -> list[int]:  # a failed cudaMalloc is logged with ptr None
-        return [s.index for s in history if any(c[0] == call and None not in c for c in s.calls)]
+    def made(call: str, failed: bool = False, shift: float = 0.0) -> list[float]:
+        # a failed cudaMalloc is logged with ptr None; shifts keep one step's lines apart
+        return [
+            s.index + shift
+            for s in history
+            if any(c[0] == call and (None in c) == failed for c in s.calls)
+        ]
 
     oom = [s.index for s in history if isinstance(s.result, DeviceOutOfMemory)]
     for label, at, colour, style, width in (
-        ("cudaMalloc", made("cudaMalloc"), "#1a9641", "--", 1),
-        ("cudaFree", made("cudaFree"), "#7b3294", ":", 1),
+        ("cudaMalloc", made("cudaMalloc", shift=-0.12), "#1a9641", "--", 1),
+        ("cudaFree", made("cudaFree", shift=0.12), "#7b3294", ":", 1.5),
+        ("cudaMalloc failed", made("cudaMalloc", failed=True), "#f28e2b", "-.", 1.5),
         ("out of memory", oom, "#d7191c", "-", 2.5),
     ):
         if at:
@@ -268,8 +253,10 @@ def timeline_figure(history: list[Step], title: str | None = None) -> Figure:
 # ------------------------------------------------------------------ explorer
 def _call_text(call: tuple) -> str:
     if call[0] == "cudaMalloc":
-        return f"cudaMalloc({_size(call[1])})" + (" failed" if call[2] is None else "")
-    return f"cudaFree({_size(call[2])} segment at {call[1]:#x})"
+        return f"cudaMalloc({model.format_bytes(call[1])})" + (
+            " failed" if call[2] is None else ""
+        )
+    return f"cudaFree({model.format_bytes(call[2])} segment at {call[1]:#x})"
 
 
 def _step_html(step: Step, n: int) -> str:

@@ -50,6 +50,11 @@ def flawed(Ref, flaw):
             return segment, i
 
         def malloc(self, size, stream=0):
+            if flaw == "requested size rounded":
+                ptr = super().malloc(size, stream)
+                segment, i = self._find(ptr)
+                segment.blocks[i].requested = _plan(size)[0]
+                return ptr
             if flaw not in ("split at 1 MiB inclusive", "never split large", "keep the back"):
                 return super().malloc(size, stream)
             rounded, pool, segment_size = _plan(size)
@@ -103,6 +108,7 @@ FLAWS = {
     "segments in creation order": "address order",
     "lying snapshot": "subclass of list",
     "free blocks called free": "state",
+    "requested size rounded": "requested_size",
 }
 
 

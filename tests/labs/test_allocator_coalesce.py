@@ -64,6 +64,23 @@ def flawed(Ref, flaw):
                 return False
             if flaw == "no oversize release":
                 return False
+            if flaw == "oversize release frees the lowest addresses first":
+                if self.max_split_size == float("inf"):
+                    return False
+                need = max(rounded, self.max_split_size)
+                whole = sorted((-s.blocks[0].size, s.address, s) for s in self.segments
+                               if s.pool == pool and s.stream == stream and len(s.blocks) == 1
+                               and s.blocks[0].state == "inactive")
+                if whole and -whole[-1][0] >= need:
+                    self._release(next(w[2] for w in reversed(whole) if -w[0] >= need))
+                    return True
+                released = 0
+                for size, _, s in whole:
+                    if released >= need or -size < self.max_split_size:
+                        break
+                    released -= size
+                    self._release(s)
+                return released >= need
             return super()._release_oversize(rounded, pool, stream)
 
     return Flawed
@@ -71,12 +88,13 @@ def flawed(Ref, flaw):
 
 FLAWS = {
     "no merging": "inactive_split_bytes",
-    "merges only with the next block": "inactive_split_bytes",
+    "merges only with the next block": "two free blocks side by side",
     "empty_cache frees segments with a free block": "",
     "no retry": "raised DeviceOutOfMemory",
     "empties the cache before the oversize release": "",
     "oversize release counts free blocks of split segments": "",
     "no oversize release": "",
+    "oversize release frees the lowest addresses first": "",
 }
 
 

@@ -213,11 +213,12 @@ def test_timeline_figure_plots_the_four_statistics_and_marks_calls_and_oom():
         (lines,) = [c for c in ax.collections if c.get_gid() == gid]
         return [segment[0][0] for segment in lines.get_segments()]
 
-    assert marked("cudaMalloc") == [1, 2]  # the failed cudaMalloc of step 4 is not marked
-    assert marked("cudaFree") == [4]
+    assert marked("cudaMalloc") == pytest.approx([0.88, 1.88])  # just left of steps 1, 2
+    assert marked("cudaFree") == pytest.approx([4.12])  # just right of step 4
+    assert marked("cudaMalloc failed") == [4]
     assert marked("out of memory") == [4]
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert legend == [*viz.STATS, "cudaMalloc", "cudaFree", "out of memory"]
+    assert legend == [*viz.STATS, "cudaMalloc", "cudaFree", "cudaMalloc failed", "out of memory"]
     assert "MiB" in ax.get_ylabel() and "step" in ax.get_xlabel()
 
 

@@ -21,35 +21,15 @@ _STATES = (model.ALLOCATED, model.PENDING_FREE, model.INACTIVE)
 
 
 def size(n: int) -> str:
-    """Bytes for a message: exact below 1 KiB, else in KiB/MiB/GiB, with the byte count when the
-    unit does not divide it."""
-    if n < 1024:
-        return f"{n} B"
-    unit, scale = next((u, s) for u, s in (("GiB", model.GiB), ("MiB", model.MiB),
-                                             ("KiB", model.KiB)) if n >= s)
-    if n % scale == 0:
-        return f"{n // scale} {unit}"
-    return f"{n / scale:.3f}".rstrip("0").rstrip(".") + f" {unit} ({n} B)"
-
-
-def describe(op: tuple) -> str:
-    """One trace op in words."""
-    kind = op[0]
-    if kind == "malloc":
-        return f"#{op[1]} = malloc({size(op[2])}, stream={op[3]})"
-    if kind == "free":
-        return f"free(#{op[1]})"
-    if kind == "use":
-        return f"#{op[1]} used on stream {op[2]} (record_stream)"
-    if kind == "sync":
-        return f"stream {op[1]} finishes its work"
-    return "empty_cache()"
+    """Bytes for a message, with the byte count when the unit does not divide it."""
+    return model.format_bytes(n, exact=True)
 
 
 def story(trace: list[tuple], upto: int, last: int = 6) -> str:
     """The ops leading to step ``upto`` (counted from 1), the last few of them."""
     first = max(0, upto - last)
-    lines = [f"{i + 1}. {describe(op)}" for i, op in enumerate(trace[first:upto], first)]
+    lines = [f"{i + 1}. {model.describe(op, exact=True)}"
+             for i, op in enumerate(trace[first:upto], first)]
     return ("... " if first else "") + "; ".join(lines)
 
 
@@ -93,16 +73,18 @@ def plain_snapshot(value, what: str = "snapshot()") -> list[dict]:
         blocks = []
         for j, b in enumerate(seg["blocks"]):
             exact(b, dict, f"block {j} of segment {i}")
-            for key in ("address", "size", "state"):
+            for key in ("address", "size", "requested_size", "state"):
                 if key not in b:
                     raise CheckFailure(f"block {j} of segment {i} has no {key!r} key.")
-            exact(b["address"], int, f"block {j} of segment {i}: 'address'")
-            exact(b["size"], int, f"block {j} of segment {i}: 'size'")
+            for key in ("address", "size", "requested_size"):
+                exact(b[key], int, f"block {j} of segment {i}: {key!r}")
             exact(b["state"], str, f"block {j} of segment {i}: 'state'")
             if b["state"] not in _STATES:
                 raise CheckFailure(f"block {j} of segment {i} has state {b['state']!r}; a "
                                    f"block's state is one of {', '.join(_STATES)}.")
-            blocks.append({"address": b["address"], "size": b["size"], "state": b["state"]})
+            blocks.append({"address": b["address"], "size": b["size"], "state": b["state"],
+                           "requested_size": 0 if b["state"] == model.INACTIVE
+                           else b["requested_size"]})
         out.append({"address": seg["address"], "total_size": seg["total_size"],
                     "stream": seg["stream"], "segment_type": seg["segment_type"],
                     "blocks": blocks})
@@ -163,6 +145,8 @@ def compare(cls, trace: list[tuple], *, capacity: int = 2 * model.GiB,
         mine = cls(mine_gpu, max_split_size=max_split_size)
     ref = model.CachingAllocatorModel(ref_gpu, max_split_size=max_split_size, coalesce=coalesce)
     setting = "" if max_split_size is None else f", max_split_size={size(max_split_size)}"
+    if not coalesce:
+        setting += "; compared with the real rules without merging (exercise 2)"
     mine_live: dict[int, int] = {}
     ref_live: dict[int, int] = {}
     for step, op in enumerate(trace, 1):
@@ -244,8 +228,8 @@ def apply_op(allocator, gpu, op, live, learner: bool = False):
 def _reduce(seg: dict) -> dict:
     return {"address": seg["address"], "total_size": seg["total_size"], "stream": seg["stream"],
             "segment_type": seg["segment_type"],
-            "blocks": [{"address": b["address"], "size": b["size"], "state": b["state"]}
-                       for b in seg["blocks"]]}
+            "blocks": [{"address": b["address"], "size": b["size"], "state": b["state"],
+                        "requested_size": b["requested_size"]} for b in seg["blocks"]]}
 
 
 def _calls(mine: Counter, ref: Counter) -> str:
@@ -297,6 +281,12 @@ def _diff(mine: list[dict], ref: list[dict], coalesce: bool) -> str:
                         "real allocator's.")
         sizes_a = [(x["size"], x["state"]) for x in a["blocks"]]
         sizes_b = [(x["size"], x["state"]) for x in b["blocks"]]
+        if sizes_a == sizes_b:
+            x, y = next((x, y) for x, y in zip(a["blocks"], b["blocks"]) if x != y)
+            return (f"the {size(x['size'])} block at offset {x['address'] - a['address']} of "
+                    f"segment {i} has requested_size {x['requested_size']} in your snapshot; it "
+                    f"should be {y['requested_size']}: the bytes malloc was asked for, before "
+                    "rounding (0 for a free block).")
         split_rule = ("a block is split only when the rest is big enough (small pool: at least "
                       "512 bytes; large pool: more than 1 MiB, for requests under "
                       "max_split_size)")

@@ -26,6 +26,19 @@ def worked_example(BestFitAllocator, ctx):
     compare(BestFitAllocator, BEST_FIT, coalesce=False, label="the notebook's example")
 
 
+#: equal-size cached blocks in two segments of each pool: best fit takes the lower address
+TIES = [("malloc", 1, 12 * MiB, 0), ("malloc", 2, 12 * MiB, 0), ("malloc", 3, 600_000, 0),
+        ("malloc", 4, 600_000, 0), ("malloc", 5, 600_000, 0), ("malloc", 6, 600_000, 0),
+        ("free", 2), ("free", 1), ("free", 5), ("free", 3), ("malloc", 7, 11 * MiB, 0),
+        ("malloc", 8, 500_000, 0)]
+
+
+@check(EXERCISE)
+def ties(BestFitAllocator, ctx):
+    """takes the lowest address among equal best fits"""
+    compare(BestFitAllocator, TIES, coalesce=False, label="a trace with ties")
+
+
 @check(EXERCISE)
 def random_trace(BestFitAllocator, ctx):
     """matches it on a seeded random trace"""

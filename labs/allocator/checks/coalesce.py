@@ -16,6 +16,7 @@ from labs.allocator.checks._harness import (
     no_reference,
     plain_snapshot,
     size,
+    story,
 )
 from labs.allocator.gpu import DeviceOutOfMemory, SimulatedGPU
 from labs.allocator.traces import COALESCE, OUT_OF_MEMORY
@@ -30,15 +31,23 @@ def fragmentation(segments: list[dict]) -> tuple[int, int]:
     return stats["inactive_split_bytes.all.current"], max(free, default=0)
 
 
-def _steps(allocator, gpu, trace, learner: bool) -> list[tuple[bool, tuple[int, int]]]:
-    """(out of memory?, fragmentation) after each step, as far as the allocator gets."""
+def unmerged(segments: list[dict]) -> bool:
+    """Whether some segment holds two free blocks side by side (a missed merge)."""
+    return any(a["state"] == b["state"] == model.INACTIVE
+               for s in segments for a, b in zip(s["blocks"], s["blocks"][1:]))
+
+
+def _steps(allocator, gpu, trace, learner: bool) -> list[tuple[bool, bool, tuple[int, int]]]:
+    """(out of memory?, a missed merge?, fragmentation) after each step, as far as the allocator
+    gets."""
     steps, live = [], {}
     try:
         for op in trace:
             result = apply_op(allocator, gpu, op, live, learner=learner)
-            segments = call(allocator, "snapshot") if learner else allocator.snapshot()
-            steps.append((isinstance(result, DeviceOutOfMemory),
-                          fragmentation(plain_snapshot(segments))))
+            segments = plain_snapshot(call(allocator, "snapshot") if learner
+                                      else allocator.snapshot())
+            steps.append((isinstance(result, DeviceOutOfMemory), unmerged(segments),
+                          fragmentation(segments)))
     except CheckFailure:
         raise
     except Exception:  # reported by compare, at its step, with the learner's line
@@ -47,24 +56,24 @@ def _steps(allocator, gpu, trace, learner: bool) -> list[tuple[bool, tuple[int, 
 
 
 def _figures(cls, trace, capacity, max_split_size, label):
-    """Compare fragmentation figures step by step first (a clearer message when merging is
-    wrong), then everything, with compare."""
+    """Find a missed merge first (a message in terms of fragmentation), then compare everything
+    step by step with compare."""
     mine_gpu, ref_gpu = SimulatedGPU(capacity), SimulatedGPU(capacity)
     with no_reference():
         mine = cls(mine_gpu, max_split_size=max_split_size)
     ref = model.CachingAllocatorModel(ref_gpu, max_split_size=max_split_size)
     steps_mine = _steps(mine, mine_gpu, trace, learner=True)
     steps_ref = _steps(ref, ref_gpu, trace, learner=False)
-    for step, ((oom_a, a), (oom_b, b)) in enumerate(zip(steps_mine, steps_ref), 1):
-        if oom_a != oom_b:
-            break  # compare says what went wrong
+    for step, ((oom_a, missed, a), (oom_b, _, b)) in enumerate(zip(steps_mine, steps_ref), 1):
+        if oom_a != oom_b or (a != b and not missed):
+            break  # not a merging mistake: compare says what differs
         if a != b:
             raise CheckFailure(
-                    f"on {label}, after step {step}: inactive_split_bytes is {size(a[0])} and the "
-                    f"largest free block {size(a[1])} in your allocator; the real allocator has "
-                    f"{size(b[0])} and {size(b[1])}. A freed block merges with each free "
-                    "neighbour in its segment, so a segment never holds two free blocks side by "
-                    "side.")
+                f"on {label}, after step {step}: a segment of yours holds two free blocks side by "
+                f"side. inactive_split_bytes is {size(a[0])} and the largest free block "
+                f"{size(a[1])} in your allocator; the real allocator has {size(b[0])} and "
+                f"{size(b[1])}. A freed block merges with each free neighbour in its segment. "
+                f"Steps so far: {story(trace, step)}.")
     compare(cls, trace, capacity=capacity, max_split_size=max_split_size, label=label)
 
 
@@ -106,10 +115,17 @@ OVERSIZE = [("malloc", 1, 60 * MiB, 0), ("malloc", 2, 100_000, 0), ("malloc", 3,
             ("malloc", 5, 24 * MiB, 0), ("free", 4), ("free", 5), ("malloc", 6, 50 * MiB, 0)]
 
 
+#: three equal oversize cached blocks, two of which must go for a 70 MiB request: the highest
+#: addresses first (the pool is walked from its end)
+OVERSIZE_TIES = [("malloc", h, 40 * MiB, 0) for h in (1, 2, 3)] + [
+    ("free", 2), ("free", 1), ("free", 3), ("malloc", 4, 70 * MiB, 0)]
+
+
 @check(EXERCISE, hidden=True)
 def oversize_release(CoalescingAllocator, ctx):
     """frees oversize cached blocks first when max_split_size is set"""
     _figures(CoalescingAllocator, OVERSIZE, 100 * MiB, 20 * MiB, "a 100 MiB GPU")
+    _figures(CoalescingAllocator, OVERSIZE_TIES, 150 * MiB, 32 * MiB, "a 150 MiB GPU")
 
 
 @check(EXERCISE, hidden=True)

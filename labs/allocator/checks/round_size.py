@@ -48,9 +48,9 @@ def boundaries() -> list[int]:
 
 @check(EXERCISE)
 def examples(allocation_plan, ctx):
-    """matches the real allocator on the sizes of the examples"""
-    _verify(allocation_plan, [(n, 0) for n in (1, 512, 1000, 4096, 800 * 1024, 3 * MiB,
-                                               25 * MiB + 1)])
+    """matches the real allocator on the sizes of section 2's table"""
+    sizes = (1, 512, 513, 1000, MiB, MiB + 1, 5 * MiB, 10 * MiB - 1, 10 * MiB + 1, 25 * MiB)
+    _verify(allocation_plan, [(n, 0) for n in sizes])
 
 
 @check(EXERCISE)

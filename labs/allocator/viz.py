@@ -28,6 +28,7 @@ from matplotlib.ticker import MaxNLocator
 import grader.display  # noqa: F401  (registers the PNG formatter for figures)
 from grader.display import figure_html, table
 from labs.allocator import model
+from labs.allocator.model import format_bytes as fmt
 from labs.allocator.gpu import DeviceOutOfMemory, SimulatedGPU
 
 MiB = model.MiB
@@ -101,7 +102,7 @@ def segments_figure(segments: list[dict], title: str | None = None) -> Figure:
                 ax.text(
                     left + width / 2,
                     row,
-                    model.format_bytes(block["size"]),
+                    fmt(block["size"]),
                     ha="center",
                     va="center",
                     fontsize=8,
@@ -112,7 +113,7 @@ def segments_figure(segments: list[dict], title: str | None = None) -> Figure:
     ax.set_yticks(
         range(len(segments)),
         [
-            f"{i}: {s['segment_type']}, {model.format_bytes(s['total_size'])}, stream {s['stream']}"
+            f"{i}: {s['segment_type']}, {fmt(s['total_size'])}, stream {s['stream']}"
             for i, s in enumerate(segments)
         ],
         fontsize=8,
@@ -124,8 +125,8 @@ def segments_figure(segments: list[dict], title: str | None = None) -> Figure:
         reserved = sum(s["total_size"] for s in segments)
         allocated = sum(b["size"] for b in blocks if b["state"] == model.ALLOCATED)
         title = (
-            f"{len(segments)} segment{'s' * (len(segments) != 1)}: {model.format_bytes(reserved)} reserved, "
-            f"{model.format_bytes(allocated)} allocated"
+            f"{len(segments)} segment{'s' * (len(segments) != 1)}: {fmt(reserved)} reserved, "
+            f"{fmt(allocated)} allocated"
         )
     ax.set_title(title, fontsize=10)
     ax.legend(
@@ -253,10 +254,8 @@ def timeline_figure(history: list[Step], title: str | None = None) -> Figure:
 # ------------------------------------------------------------------ explorer
 def _call_text(call: tuple) -> str:
     if call[0] == "cudaMalloc":
-        return f"cudaMalloc({model.format_bytes(call[1])})" + (
-            " failed" if call[2] is None else ""
-        )
-    return f"cudaFree({model.format_bytes(call[2])} segment at {call[1]:#x})"
+        return f"cudaMalloc({fmt(call[1])})" + (" failed" if call[2] is None else "")
+    return f"cudaFree({fmt(call[2])} segment at {call[1]:#x})"
 
 
 def _step_html(step: Step, n: int) -> str:

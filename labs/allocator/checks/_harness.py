@@ -164,9 +164,10 @@ def compare(cls, trace: list[tuple], *, capacity: int = 2 * model.GiB,
             raise CheckFailure(
                 f"{where}: your malloc raised DeviceOutOfMemory, but the real allocator finds "
                 f"memory for it ({_locate(ref.snapshot(), ref_result)})." + context)
+        segs_mine = plain_snapshot(call(mine, "snapshot"))
         if op[0] == "malloc" and not isinstance(ref_result, DeviceOutOfMemory):
             exact(mine_result, int, f"the address malloc returned at step {step}")
-            owner = next((s for s in plain_snapshot(call(mine, "snapshot"))
+            owner = next((s for s in segs_mine
                           if s["address"] <= mine_result < s["address"] + s["total_size"]), None)
             if owner is not None and owner["stream"] != op[3]:
                 raise CheckFailure(
@@ -178,7 +179,6 @@ def compare(cls, trace: list[tuple], *, capacity: int = 2 * model.GiB,
                              if c[0] in ("cudaMalloc", "cudaFree"))
         if calls_ref != calls_mine:
             raise CheckFailure(f"{where}: {_calls(calls_mine, calls_ref)}" + context)
-        segs_mine = plain_snapshot(call(mine, "snapshot"))
         invariants(segs_mine, mine_gpu, mine_live, where)
         segs_ref = [_reduce(s) for s in ref.snapshot()]
         if op[0] == "malloc" and mine_result != ref_result and isinstance(ref_result, int):
@@ -197,7 +197,7 @@ def compare(cls, trace: list[tuple], *, capacity: int = 2 * model.GiB,
 
 
 def call(obj, name: str, *args):
-    """``obj.<name>(*args)`` for a learner's object, refused if it calls the reference model."""
+    """``obj.<name>(*args)`` for a learner's object, refused if it calls the lab's model or checks."""
     with no_reference():
         return getattr(obj, name)(*args)
 

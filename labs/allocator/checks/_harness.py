@@ -197,7 +197,7 @@ def compare(cls, trace: list[tuple], *, capacity: int = 2 * model.GiB,
 
 
 def call(obj, name: str, *args):
-    """``obj.<name>(*args)`` for a learner's object, refused if it calls the lab's model or checks."""
+    """``obj.<name>(*args)`` for a learner's object; refused if it calls the lab's oracles."""
     with no_reference():
         return getattr(obj, name)(*args)
 

@@ -19,7 +19,10 @@ across ``exec``): a process its code starts and detaches (``setsid``, a double f
 descendant, so the grader can find and stop it.
 
 :func:`kernel_env` is the environment the kernel starts with: an allow-list, so nothing of the
-grader's own environment (tokens, CI secrets) reaches the submission. (Linux model:
+grader's own environment (tokens, CI secrets) reaches the submission. Compiler caches are one per
+submission: Inductor's (``TORCHINDUCTOR_CACHE_DIR``, which holds its FX graph cache, its C++
+kernels and Triton's cache) is inside the run's own temporary folder, so nothing one submission
+plants there is read while grading another, and it is deleted with the run. (Linux model:
 ``man 2 setrlimit``; jupyter_client's ``KernelManager.format_kernel_cmd`` builds the command.)
 """
 from __future__ import annotations
@@ -77,8 +80,9 @@ class Limits:
 
 def kernel_env(home: Path) -> dict[str, str]:
     """The kernel's environment: the allow-listed variables, plus ``home`` as its home, with
-    its temporary folder and IPython/Jupyter/matplotlib configuration inside (so no one's
-    startup files or caches are used, and nothing is written elsewhere by default)."""
+    its temporary folder, IPython/Jupyter/matplotlib configuration and Inductor's cache inside
+    (so no one's startup files or caches are used, and nothing is written elsewhere by
+    default)."""
     root = str(Path(__file__).resolve().parent.parent)
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
@@ -86,6 +90,7 @@ def kernel_env(home: Path) -> dict[str, str]:
     tmp.mkdir(parents=True, exist_ok=True)
     env.update(HOME=str(home), TMPDIR=str(tmp), IPYTHONDIR=str(home / ".ipython"),
                JUPYTER_CONFIG_DIR=str(home / ".jupyter"), MPLCONFIGDIR=str(tmp),
+               TORCHINDUCTOR_CACHE_DIR=str(tmp / "torchinductor"),
                PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1")
     return env
 

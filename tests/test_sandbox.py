@@ -42,6 +42,8 @@ def test_the_environment_is_an_allow_list_with_its_own_home(tmp_path, monkeypatc
     assert not [k for k in env if "PYTEST" in k]
     assert env["HOME"] == str(tmp_path) and env["TMPDIR"] == str(tmp_path / "tmp")
     assert (tmp_path / "tmp").is_dir()
+    # one compiler cache per submission, inside its own run folder
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "tmp" / "torchinductor")
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)  # grader and labs importable
 
 

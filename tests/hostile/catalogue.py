@@ -357,8 +357,26 @@ _LYING_SNAPSHOT = ("class _Yes(list):\n    def __eq__(self, other):\n        ret
                    "_honest_snapshot = {name}.snapshot\n"
                    "{name}.snapshot = lambda self: _Yes(_honest_snapshot(self))")
 
+# lab 4: compiler state a submission can leave behind. Dynamo's config changed so that `.item()`
+# no longer breaks a graph (the checks judge under the defaults), and Inductor's on-disk cache
+# poisoned: junk over every artifact the notebook's earlier compiles left there, and a planted
+# FX graph cache entry. The cache is the submission's own (one per run), and the fusion check
+# compiles with the FX graph cache off: the poison costs nothing, and reaches no one else.
+_CONFIG_CHEAT = ("torch._dynamo.config.capture_scalar_outputs = True\n"
+                 "{name}['item'] = programs.item")
+_POISON_CACHE = """\
+from pathlib import Path
+from torch._inductor.runtime.cache_dir_utils import cache_dir
+_cache = Path(cache_dir())
+print("POISONED-CACHE", _cache)
+for _path in [p for p in _cache.rglob("*") if p.is_file() and "precompiled_headers" not in p.parts]:
+    _path.write_bytes(b"poisoned by a submission")
+(_cache / "fxgraph" / "zz").mkdir(parents=True, exist_ok=True)
+(_cache / "fxgraph" / "zz" / "planted").write_bytes(b"poisoned by a submission")
+"""
+
 # ------------------------------------------------------------------ the catalogue
-A, D, L = "autograd", "dispatcher", "allocator"
+A, D, L, C = "autograd", "dispatcher", "allocator", "compile"
 
 FIXTURES = [
     # execution faults
@@ -434,6 +452,9 @@ FIXTURES = [
             after(L, "best-fit-split", _LYING_SNAPSHOT),
             {slug: ("failed", "a subclass of list")
              for slug in ("best-fit-split", "coalesce", "streams")}),
+    Fixture("compile-state", "Dynamo's config changed and Inductor's cache poisoned", C,
+            chain(after(C, "graph-breaks", _CONFIG_CHEAT), before(C, "fusion", _POISON_CACHE)),
+            {"graph-breaks": ("failed", "item")}),
     Fixture("patched-grader", "the grader's run_checks replaced from an answer", D,
             after(D, "privateuse1", _PATCH_RUN_CHECKS),
             {"privateuse1": ("error", "the notebook replaced `grader.selfcheck.run_checks`")}),

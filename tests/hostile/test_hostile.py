@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -102,6 +103,16 @@ def test_files_a_learner_writes_stay_in_the_run_folder(graded):
     _, out, subs = graded
     places = [ROOT, ROOT / "tests", ROOT / "tests" / "hostile", out, subs, Path.cwd()]
     assert not [p for p in places if (p / "learner-wrote-this.txt").exists()]
+
+
+def test_a_compiler_cache_a_submission_poisons_is_its_own_and_goes_with_its_run(graded):
+    text = (graded[1] / "compile-state.executed.ipynb").read_text(encoding="utf-8")
+    found = re.search(r"POISONED-CACHE (\S+?)(?:\\n|\s|\")", text)
+    assert found, "the fixture did not report its cache folder"
+    cache = Path(found.group(1))
+    assert cache.parts[-3:] == ("home", "tmp", "torchinductor"), cache  # the run's own folder
+    assert cache.parent.parent.parent.name.startswith("grade-"), cache
+    assert not cache.exists()  # deleted with the run
 
 
 def test_paths_with_spaces_and_non_ascii_names_keep_their_learner(graded):

@@ -1,0 +1,214 @@
+"""Checks of ``compile.guards``: ``would_recompile(fn, args, new_args) -> bool``, read from
+Dynamo's guards.
+
+The oracle is the cache itself: for each case the check compiles ``fn`` with a ``CompileCounter``
+backend on an empty cache (``torch._dynamo.reset``), calls it with ``args`` and then with
+``new_args``, and sees whether the frame count grew. The learner's answer must agree, and must
+come from the guards: during the learner's call Dynamo may compile at most one frame (counted
+with ``torch._dynamo.utils.counters["frames"]["total"]``, which ``reset`` leaves alone), so
+calling the compiled function on ``new_args`` to see what happens is refused. When an answer
+is wrong, the message quotes the guard that fails (``GuardManager.check_verbose``).
+Public: ``programs.scaled_sum`` with seven changes (batch size, dtype, requires_grad, a
+transposed input, a new int, new values, a bool flip) and two that do not recompile; hidden:
+seeded random functions and changes (dims, dtype, int/float/bool constants, the length of a
+list of tensors, a tensor or None for an argument with a default).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch._dynamo
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+from torch._dynamo.testing import CompileCounter
+from torch._dynamo.utils import counters
+
+from grader.checks import CheckFailure, check, exact
+from labs.compile import programs
+from labs.compile.checks._harness import fresh_compiler
+
+EXERCISE = "compile.guards"
+
+
+def _show(v) -> str:
+    """An argument in words: a tensor by shape, dtype and the flags guards look at."""
+    if isinstance(v, torch.Tensor):
+        flags = [str(v.dtype).replace("torch.", "")]
+        if v.requires_grad:
+            flags.append("requires_grad")
+        if not v.is_contiguous():
+            flags.append(f"strides {v.stride()}")
+        return f"tensor {tuple(v.shape)} {' '.join(flags)}"
+    if isinstance(v, (list, tuple)):
+        inner = ", ".join(_show(a) for a in v)
+        return f"[{inner}]" if isinstance(v, list) else f"({inner})"
+    return repr(v)
+
+
+def _call(fn, args: tuple) -> str:
+    return f"{fn.__name__}({', '.join(_show(a) for a in args)})"
+
+
+def truth(fn, args: tuple, new_args: tuple) -> tuple[bool, str]:
+    """(whether calling the compiled fn on new_args after args recompiles, the first guard of
+    the cache entry that fails on new_args, or '')."""
+    with fresh_compiler():
+        counter = CompileCounter()
+        compiled = torch.compile(fn, backend=counter)
+        compiled(*args)
+        before = counter.frame_count
+        failing = ""
+        entries = _debug_get_cache_entry_list(fn.__code__)
+        if entries:
+            bound = inspect.signature(fn).bind(*new_args)
+            bound.apply_defaults()
+            info = entries[0].guard_manager.check_verbose(dict(bound.arguments))
+            if not info.result and info.verbose_code_parts:
+                failing = info.verbose_code_parts[0].split("#")[0].strip()
+        compiled(*new_args)
+        return counter.frame_count > before, failing
+
+
+def verify(would_recompile, fn, args: tuple, new_args: tuple, what: str) -> None:
+    """The learner's answer for one case agrees with the cache, compiling at most one frame."""
+    if not callable(would_recompile):
+        raise CheckFailure(f"would_recompile is a {type(would_recompile).__name__}; define a "
+                           "function would_recompile(fn, args, new_args) -> bool.")
+    with fresh_compiler():
+        before = counters["frames"]["total"]
+        got = would_recompile(fn, args, new_args)
+        compiled = counters["frames"]["total"] - before
+    exact(got, bool, f"would_recompile's answer for {what}")
+    if compiled > 1:
+        raise CheckFailure(
+            f"for {what}, Dynamo compiled {compiled} frames during your would_recompile: compile "
+            "fn once, on args; answer from its guards (the cache entries' guard_manager), "
+            "without calling the compiled function on new_args.")
+    recompiles, failing = truth(fn, args, new_args)
+    if got == recompiles:
+        return
+    case = f"{what}: {_call(fn, args)}, then {_call(fn, new_args)}"
+    if recompiles:
+        because = f" (Dynamo's guard check says: `{failing}`)" if failing else ""
+        raise CheckFailure(f"for {case}, you said False, but the second call recompiles"
+                           f"{because}. Evaluate every guard of every cache entry, not only "
+                           "the ones you expect.")
+    defaults = len(new_args) < len(inspect.signature(fn).parameters)
+    note = (" new_args leave a parameter to its default, and the frame's locals still hold it."
+            if defaults else "")
+    raise CheckFailure(f"for {case}, you said True, but the second call reuses the graph "
+                       "compiled for args: all its guards pass. Guards test what the graph "
+                       f"was specialized on, not everything about the inputs.{note}")
+
+
+def public_cases() -> list[tuple]:
+    """(what, fn, args, new_args) for scaled_sum: the notebook's changes."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 3, generator=g)
+    marked = torch.randn(4, 3, generator=g)
+    torch._dynamo.mark_dynamic(marked, 0)
+    r = lambda *shape: torch.randn(*shape, generator=g)
+    f = programs.scaled_sum
+    return [
+        ("a new batch size", f, (x, 2), (r(5, 3), 2)),
+        ("a new dtype", f, (x, 2), (x.double(), 2)),
+        ("requires_grad", f, (x, 2), (x.clone().requires_grad_(), 2)),
+        ("a transposed input", f, (x, 2), (r(3, 4).t(), 2)),
+        ("a new int", f, (x, 2), (x, 3)),
+        ("the same shape, new values", f, (x, 2), (r(4, 3), 2)),
+        ("a bool flip", f, (x, True), (x, False)),
+        ("a new batch size after mark_dynamic", f, (marked, 2), (r(7, 3), 2)),
+        ("the same int, a new tensor", f, (x, 3), (x.clone(), 3)),
+    ]
+
+
+@check(EXERCISE)
+def scaled_sum_changes(would_recompile, ctx):
+    """agrees with the cache on nine changes to scaled_sum's arguments"""
+    for what, fn, args, new_args in public_cases():
+        verify(would_recompile, fn, args, new_args, what)
+
+
+# ------------------------------------------------------------------ hidden: random cases
+def reduce_last(x):
+    return x.sum(-1) * 2
+
+
+def scale_by(x, c):
+    return x * c + 1
+
+
+def stack_sum(xs):
+    return torch.stack(xs).sum(0)
+
+
+def with_bias(x, bias=None):
+    return x.sin() if bias is None else x.sin() + bias
+
+
+def pair(x, y):
+    return (x * y).sum(0)
+
+
+def random_case(g) -> tuple:
+    """(what, fn, args, new_args): a seeded random function and change."""
+
+    def pick(seq):
+        return seq[int(torch.randint(0, len(seq), (1,), generator=g))]
+
+    n, d = (int(torch.randint(2, 7, (1,), generator=g)) for _ in range(2))
+    r = lambda *shape: torch.randn(*shape, generator=g)
+    x = r(n, d)
+    fn = pick((reduce_last, scale_by, stack_sum, with_bias, pair))
+    tensor_changes = {
+        "new values": lambda t: r(*t.shape),
+        "a new size": lambda t: r(t.shape[0] + 1, *t.shape[1:]),
+        "one more dim": lambda t: r(*t.shape, 2),
+        "float64": lambda t: t.double(),
+        "requires_grad": lambda t: t.detach().clone().requires_grad_(),
+        "non-contiguous": lambda t: r(*reversed(t.shape)).t(),
+    }
+    if fn is reduce_last or fn is pair:
+        shaped = ("a new size", "one more dim")  # (pair needs x and y of one shape)
+        change = pick([c for c in tensor_changes if fn is reduce_last or c not in shaped])
+        args = (x,) if fn is reduce_last else (x, r(n, d))
+        new_args = (tensor_changes[change](x),) + args[1:]
+    elif fn is scale_by:
+        c = pick((2, 3, 2.5, True, False))
+        change, new_c = pick([
+            ("the same constant", c),
+            ("a new constant of the same type", {bool: not c, int: c + 1,
+                                                 float: c + 1.0}[type(c)]),
+            ("a number of another type", float(c) if not isinstance(c, float) else int(c)),
+            ("new tensor values", c),
+        ])
+        args, new_args = (x, c), (r(n, d) if change == "new tensor values" else x, new_c)
+    elif fn is stack_sum:
+        xs = [r(n, d) for _ in range(int(torch.randint(2, 4, (1,), generator=g)))]
+        change, new_xs = pick([
+            ("same length, new values", [r(n, d) for _ in xs]),
+            ("one more tensor", [*xs, r(n, d)]),
+            ("one tensor fewer", xs[:-1]),
+            ("a float64 list", [t.double() for t in xs]),
+        ])
+        args, new_args = (xs,), (new_xs,)
+    else:
+        bias = None if bool(torch.randint(0, 2, (1,), generator=g)) else r(d)
+        change, new_bias = pick([
+            ("the same kind of bias", None if bias is None else r(d)),
+            ("a bias instead of None, or None instead of a bias", r(d) if bias is None
+             else None),
+        ])
+        args = (x,) if bias is None else (x, bias)  # (bias left to its default)
+        new_args = (x, new_bias) if new_bias is not None else (x,)
+    return f"a random case ({change})", fn, args, new_args
+
+
+@check(EXERCISE, hidden=True)
+def random_changes(would_recompile, ctx):
+    """agrees with the cache on seeded random functions and changes"""
+    g = ctx.generator()
+    for _ in range(12):
+        what, fn, args, new_args = random_case(g)
+        verify(would_recompile, fn, args, new_args, what)

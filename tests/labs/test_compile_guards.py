@@ -1,0 +1,110 @@
+"""compile.guards: plausible wrong would_recompile functions fail, called directly through
+run_checks. The reference and the stub are tested for every exercise in
+test_exercise_contract.py."""
+import inspect
+
+import pytest
+import torch
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+from tests.conftest import assert_rejected
+
+EX = "compile.guards"
+
+
+def _compile_on(fn, args):
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="eager")
+    compiled(*args)
+    return compiled
+
+
+def _by_guards(bind):
+    """The right method, with the frame's locals made by ``bind(fn, new_args)``."""
+    def would_recompile(fn, args, new_args):
+        _compile_on(fn, args)
+        f_locals = bind(fn, new_args)
+        return not any(e.guard_manager.check(f_locals) for e in _debug_get_cache_entry_list(fn))
+    return would_recompile
+
+
+def _bind_with_defaults(fn, new_args):
+    bound = inspect.signature(fn).bind(*new_args)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _bind_without_defaults(fn, new_args):
+    return dict(zip(inspect.signature(fn).parameters, new_args))
+
+
+def _flat(args):
+    return [b for a in args for b in (a if isinstance(a, (list, tuple)) else [a])]
+
+
+def shapes_only(fn, args, new_args):
+    _compile_on(fn, args)
+    shape = lambda v: tuple(v.shape) if isinstance(v, torch.Tensor) else None
+    return [shape(a) for a in _flat(args)] != [shape(a) for a in _flat(new_args)]
+
+
+def tensor_metadata_only(fn, args, new_args):
+    """Shapes, dtypes, requires_grad and strides: forgets the Python constants."""
+    _compile_on(fn, args)
+
+    def meta(v):
+        if isinstance(v, torch.Tensor):
+            return v.shape, v.dtype, v.requires_grad, v.stride()
+        return type(v)
+
+    return [meta(a) for a in _flat(args)] != [meta(a) for a in _flat(new_args)]
+
+
+def everything(fn, args, new_args):
+    """Values too: any difference at all."""
+    _compile_on(fn, args)
+
+    def same(a, b):
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            return (a.shape, a.dtype, a.stride(), a.requires_grad) == (
+                b.shape, b.dtype, b.stride(), b.requires_grad) and torch.equal(a, b)
+        return type(a) is type(b) and a == b
+
+    a, b = _flat(args), _flat(new_args)
+    return len(a) != len(b) or not all(same(u, v) for u, v in zip(a, b))
+
+
+def by_calling(fn, args, new_args):
+    """Asks the cache by calling it: compiles new_args too."""
+    torch._dynamo.reset()
+    before = torch._dynamo.utils.counters["frames"]["ok"]
+    compiled = torch.compile(fn, backend="eager")
+    compiled(*args)
+    compiled(*new_args)
+    return torch._dynamo.utils.counters["frames"]["ok"] - before > 1
+
+
+def test_the_right_method_passes():
+    from grader.checks import run_checks
+
+    v = run_checks(EX, _by_guards(_bind_with_defaults), seed=4)
+    assert v.status == "passed", v.message
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (shapes_only, ("a new dtype: scaled_sum(tensor (4, 3) float32, 2), then scaled_sum(tensor "
+                   "(4, 3) float64, 2), you said False")),
+    (tensor_metadata_only, "guard check says: `L['scale'] == 2`"),
+    (everything, "the same shape, new values"),
+    (lambda fn, args, new_args: False, "you said False"),
+    (lambda fn, args, new_args: True, "you said True"),
+    (by_calling, "compile fn once, on args; answer from its guards"),
+    (lambda fn, args, new_args: int(shapes_only(fn, args, new_args)), "has type int"),
+])
+def test_wrong_answers_fail(answer, phrase):
+    assert_rejected(EX, answer, phrase)
+
+
+def test_forgetting_the_defaults_fails_on_a_hidden_case():
+    v = assert_rejected(EX, _by_guards(_bind_without_defaults), "to its default", seed=0)
+    assert "hidden" in v.message

@@ -40,7 +40,8 @@ grade: $(STAMP)
 FORMATTED := solutions $(wildcard labs/*/viz.py)
 
 # The whole suite: the release is current, what learners read is formatted, the solution
-# notebooks run top to bottom (nbval, lax mode), the grader's and every exercise's tests, and a
+# notebooks run top to bottom without an error in any cell and score full marks in the grader's
+# own kernels (tests/test_labs_end_to_end.py), the grader's and every exercise's tests, and a
 # learner's session in JupyterLab in a real browser (tests/test_browser.py). Two pytest workers
 # (pytest-xdist), one test file each at a time: the hostile submissions, graded by two processes
 # of their own, run beside the rest.
@@ -48,7 +49,7 @@ test: $(STAMP)
 	$(PY) -m grader release --check
 	$(PY) -m ruff format --check $(FORMATTED)
 	$(PY) -m ruff check --select E501 $(FORMATTED) notebooks grader
-	$(PY) -m pytest tests solutions --nbval-lax -n 2 --dist loadfile
+	$(PY) -m pytest tests -n 2 --dist loadfile
 
 # Learners work on copies in work/ (never overwritten), so notebooks/ stays the clean release.
 # JupyterLab opens on the first lab, with the course's kernel and settings (build/jupyter/).

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import importlib.util
 import json
 import sys
 import sysconfig
@@ -167,11 +166,13 @@ def arm(lab_id: str) -> None:
         raise RuntimeError(f"{KEY_FILE} not found: arm() runs only in a grading kernel")
     key = path.read_bytes()
     path.unlink()
-    if importlib.util.find_spec("torch") is not None:
-        import torch  # noqa: F401  (snapshot torch before any learner code could patch it)
-        import torch.testing._comparison  # noqa: F401
     lab = load_lab(lab_id)
+    # loading the lab's checks imports what they use (torch, for every lab of the course) before
+    # any learner code could patch it; a lab whose checks never import torch does not need it
+    # watched, and its kernels start without paying for torch's import
     registry = {e.id: tuple(checks.checks_for(e.id)) for e in lab.exercises}
+    if "torch" in sys.modules:
+        import torch.testing._comparison  # noqa: F401  (what assert_close runs, watched too)
     snap = Snapshot(_entries(lab_id), registry, set(threading.enumerate()),
                     {p.pid for p in _alive_children()})
     _STATE.clear()

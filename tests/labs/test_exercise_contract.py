@@ -1,6 +1,6 @@
 """What every exercise of every lab must show: the reference answer passes its public and hidden
-checks on several seeds, the released stub is reported as the stub, and the checks leave the
-global RNG alone. Each lab's tests/labs/test_<lab>_<slug>.py adds its plausible wrong answers.
+checks on two seeds (and the checks leave the global RNG alone), the released stub is reported
+as the stub. Each lab's tests/labs/test_<lab>_<slug>.py adds its plausible wrong answers.
 Exercises that need what this machine lacks (a CUDA GPU) are skipped with the reason."""
 import pytest
 import torch
@@ -19,12 +19,15 @@ def _runnable(exercise_id: str) -> None:
         pytest.skip(reason)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("exercise", EXERCISES)
 def test_reference_passes_public_and_hidden_checks(reference, exercise, seed):
     _runnable(exercise)
-    v = run_checks(exercise, reference(exercise), seed=seed, device=DEVICE, hidden=True)
+    answer = reference(exercise)  # (its notebook's setup seeds the RNG)
+    state = torch.get_rng_state()
+    v = run_checks(exercise, answer, seed=seed, device=DEVICE, hidden=True)
     assert v.status == "passed", v.message
+    assert torch.equal(torch.get_rng_state(), state), "the checks changed the global RNG"
 
 
 @pytest.mark.parametrize("exercise", EXERCISES)
@@ -32,14 +35,6 @@ def test_stub_is_reported_as_the_stub(stub, exercise):
     _runnable(exercise)
     v = run_checks(exercise, stub(exercise), seed=0, device=DEVICE, hidden=True)
     assert v.status == "error" and f"NotImplementedError: {exercise} is still the stub" in v.message
-
-
-@pytest.mark.parametrize("exercise", EXERCISES)
-def test_checks_leave_the_global_rng_alone(reference, exercise):
-    _runnable(exercise)
-    state = torch.get_rng_state()
-    run_checks(exercise, reference(exercise), seed=3, device=DEVICE, hidden=True)
-    assert torch.equal(torch.get_rng_state(), state)
 
 
 @pytest.mark.parametrize("exercise", EXERCISES)

@@ -6,12 +6,15 @@ code), ``torch._dynamo.config`` or ``torch._inductor.config`` changed (``capture
 = True`` turns the ``.item()`` graph break off). Checks judge an answer under torch's defaults:
 :func:`fresh_compiler` empties Dynamo's caches (``torch._dynamo.reset``) and sets every config
 entry the notebook changed back to its default for the check's duration
-(``torch/utils/_config_module.py``: ``ConfigModule.patch``).
+(``torch/utils/_config_module.py``: ``ConfigModule.patch``). What Dynamo says about the breaks it
+meets in the checks' own programs (log records and warnings) is kept out of the verdict's output.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import warnings
 
 import torch
 import torch._dynamo
@@ -53,11 +56,17 @@ def changed_config() -> dict[str, dict]:
 
 @contextlib.contextmanager
 def fresh_compiler():
-    """Run the body with Dynamo's caches empty and both config modules at their defaults; the
-    caches are emptied again on the way out (what the body compiled is not left to the
-    notebook), and the notebook's config is given back."""
+    """Run the body with Dynamo's caches empty and both config modules at their defaults, and
+    without warnings or log records below ERROR; the caches are emptied again on the way out
+    (what the body compiled is not left to the notebook), and the notebook's config is given
+    back."""
     torch._dynamo.reset()
+    quiet = logging.root.manager.disable
     with contextlib.ExitStack() as stack:
+        stack.enter_context(warnings.catch_warnings())
+        warnings.simplefilter("ignore")
+        logging.disable(logging.WARNING)
+        stack.callback(logging.disable, quiet)
         changes = changed_config()
         for module, diff in ((torch._dynamo.config, changes.get("torch._dynamo.config")),
                              (inductor_config, changes.get("torch._inductor.config"))):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import importlib.util
 import json
 import sys
 import sysconfig
@@ -167,12 +168,10 @@ def arm(lab_id: str) -> None:
     key = path.read_bytes()
     path.unlink()
     lab = load_lab(lab_id)
-    # loading the lab's checks imports what they use (torch, for every lab of the course) before
-    # any learner code could patch it; a lab whose checks never import torch does not need it
-    # watched, and its kernels start without paying for torch's import
+    if lab.torch and importlib.util.find_spec("torch") is not None:
+        import torch  # noqa: F401  (snapshot torch before any learner code could patch it)
+        import torch.testing._comparison  # noqa: F401
     registry = {e.id: tuple(checks.checks_for(e.id)) for e in lab.exercises}
-    if "torch" in sys.modules:
-        import torch.testing._comparison  # noqa: F401  (what assert_close runs, watched too)
     snap = Snapshot(_entries(lab_id), registry, set(threading.enumerate()),
                     {p.pid for p in _alive_children()})
     _STATE.clear()

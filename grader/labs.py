@@ -61,7 +61,8 @@ class Lab:
     """A lab: its id (``autograd``), title, notebook stem (``02_autograd``), exercises, and
     ``root``, the course folder holding ``labs/<id>/``, ``solutions/`` and ``notebooks/``;
     ``memory_gib``, the memory (GiB) a grading kernel of this lab may use (``memory_gib`` in
-    the table, default 4)."""
+    the table, default 4); ``torch``, whether its notebook uses torch (``torch`` in the table,
+    default true: the guard then imports and watches torch before any learner code runs)."""
 
     id: str
     title: str
@@ -69,6 +70,7 @@ class Lab:
     exercises: tuple[Exercise, ...]
     root: Path
     memory_gib: float = 4.0
+    torch: bool = True
 
     @property
     def release_path(self) -> Path:
@@ -120,7 +122,8 @@ def load_lab(lab_id: str) -> Lab:
             for e in raw["exercises"]
         )
         lab = Lab(id=raw["id"], title=raw["title"], notebook=raw["notebook"], exercises=exercises,
-                  root=path.parent.parent.parent, memory_gib=float(raw.get("memory_gib", 4)))
+                  root=path.parent.parent.parent, memory_gib=float(raw.get("memory_gib", 4)),
+                  torch=bool(raw.get("torch", True)))
     except (KeyError, TypeError, ValueError, tomllib.TOMLDecodeError) as exc:
         raise GraderError(f"{path}: malformed lab table ({exc!r})") from exc
     for e in exercises:

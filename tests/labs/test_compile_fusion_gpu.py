@@ -13,6 +13,12 @@ from grader.labs import load_lab
 from labs.compile import programs
 from labs.compile.checks._harness import fresh_compiler
 from labs.compile.checks.fusion import compile_and_count
+from tests.labs._fusion_answers import (
+    checks_for_overflow,
+    forgets_the_clamp,
+    max_of_the_whole_tensor,
+    totals_in_a_custom_op,
+)
 
 EX = "compile.fusion-gpu"
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the checks "
@@ -25,40 +31,6 @@ def _rejected(answer, phrase: str, seed: int = 0):
     assert phrase in v.message, (phrase, v.message)
     assert "def " not in v.message and "raise CheckFailure" not in v.message, v.message
     return v
-
-
-@torch.library.custom_op("lab4_fusion_gpu_tests::row_sum", mutates_args=())
-def row_sum(x: torch.Tensor) -> torch.Tensor:
-    return x.sum(dim=1, keepdim=True)
-
-
-@row_sum.register_fake
-def _(x):
-    return x.new_empty(x.shape[0], 1)
-
-
-def totals_in_a_custom_op(x):
-    """Row totals in a custom op: fallbacks Inductor cannot fuse, on any device."""
-    e = torch.exp(x - x.amax(dim=1, keepdim=True))
-    return torch.clamp(e / row_sum(e), min=1e-4) * row_sum(x)
-
-
-def forgets_the_clamp(x):
-    return torch.softmax(x, dim=1) * x.sum(dim=1, keepdim=True)
-
-
-def max_of_the_whole_tensor(x):
-    e = torch.exp(x - x.max())
-    p = e / e.sum(dim=1, keepdim=True)
-    return torch.clamp(p, min=1e-4) * x.sum(dim=1, keepdim=True)
-
-
-def checks_for_overflow(x):
-    rowmax = x.amax(dim=1, keepdim=True)
-    if (x - rowmax).min() < -80:
-        rowmax = rowmax / 2
-    e = torch.exp(x - rowmax)
-    return torch.clamp(e / e.sum(dim=1, keepdim=True), min=1e-4) * x.sum(dim=1, keepdim=True)
 
 
 def on_the_cpu(x):
@@ -100,7 +72,7 @@ def test_unfused_is_judged_by_its_measured_count():
 
 @cuda
 def test_custom_op_totals_are_refused():
-    _rejected(totals_in_a_custom_op, "torch.ops.lab4_fusion_gpu_tests.row_sum.default")
+    _rejected(totals_in_a_custom_op, "lab4_fusion_tests.row_sum.default")
 
 
 @cuda

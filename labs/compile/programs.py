@@ -35,8 +35,9 @@ def item(x: torch.Tensor) -> torch.Tensor:
 
 
 def builtin(x: torch.Tensor) -> torch.Tensor:
-    """An unsupported builtin: ``heapq.nlargest`` (C code Dynamo cannot trace) picks the two rows
-    of ``x`` (shape ``(n, d)``, ``n >= 2``) with the largest sums; returns their sum, ``(d,)``."""
+    """An unsupported builtin: ``heapq.nlargest`` (whose C helper ``_heapq.heapify`` Dynamo
+    cannot trace) picks the two rows of ``x`` (shape ``(n, d)``, ``n >= 2``) with the largest
+    sums; returns their sum, ``(d,)``."""
     top = heapq.nlargest(2, x.unbind(0), key=lambda row: row.sum())
     return top[0] + top[1]
 

@@ -20,11 +20,15 @@ Everything drawn is read from what torch itself produced:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import html
 import inspect
+import io
+import logging
 import os
 import re
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -349,7 +353,8 @@ def _source(fn) -> tuple[list[str], int, str, str]:
 
 def explain_breaks(fn: Callable, *args) -> BreakMap:
     """Run ``torch._dynamo.explain(fn)(*args)`` after ``torch._dynamo.reset()`` (so ``fn`` runs
-    once, side effects included) and map its graphs and breaks onto ``fn``'s source lines.
+    once, side effects included, though what it prints and what Dynamo warns about the breaks it
+    meets are not shown) and map its graphs and breaks onto ``fn``'s source lines.
 
     A line is in graph ``k`` (counted from 1, in the order of ``ExplainOutput.graphs``) when a
     ``call_*`` or ``get_attr`` node of that graph has, in its ``node.meta["stack_trace"]`` (the
@@ -373,7 +378,14 @@ def explain_breaks(fn: Callable, *args) -> BreakMap:
         return inside[-1] if inside else None
 
     torch._dynamo.reset()
-    explained = torch._dynamo.explain(fn)(*args)
+    quiet = logging.root.manager.disable
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.disable(logging.WARNING)
+        try:
+            explained = torch._dynamo.explain(fn)(*args)
+        finally:
+            logging.disable(quiet)
     graphs: dict = {}
     for k, gm in enumerate(explained.graphs, start=1):
         for node in gm.graph.nodes:

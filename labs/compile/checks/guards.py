@@ -209,6 +209,9 @@ def random_case(g) -> tuple:
 def random_changes(would_recompile, ctx):
     """agrees with the cache on seeded random functions and changes"""
     g = ctx.generator()
+    x = torch.randn(3, 4, generator=g)
+    verify(would_recompile, with_bias, (x,), (torch.randn(3, 4, generator=g),),
+           "an argument left to its default both times")
     for _ in range(12):
         what, fn, args, new_args = random_case(g)
         verify(would_recompile, fn, args, new_args, what)

@@ -1,5 +1,6 @@
 """The programs lab 4 hands the learner: the functions whose graph breaks exercise 2 removes, the
-call sequences whose compiles exercise 3 predicts, and the chain exercise 6 makes Inductor fuse.
+call sequences whose compiles exercise 3 predicts, the functions exercise 5 partitions, the chain
+exercise 6 makes Inductor fuse, and the functions exercise 7's tiny Dynamo traces.
 The notebook, the checks and the tests read them from here, so all three see the same code.
 
 Every function takes and returns ``torch.float32`` CPU tensors unless it says otherwise; none

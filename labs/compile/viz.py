@@ -351,6 +351,21 @@ def _source(fn) -> tuple[list[str], int, str, str]:
     return lines, first, code.co_filename, getattr(target, "__name__", "fn")
 
 
+@contextlib.contextmanager
+def dynamo_quiet():
+    """Mute what Dynamo says about the graph breaks it meets while the body runs: Python warnings
+    (``torch/_dynamo/utils.py: warn_once``) and log records below ERROR (``Graph break from
+    Tensor.item()``); the previous settings come back on exit."""
+    before = logging.root.manager.disable
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.disable(logging.WARNING)
+        try:
+            yield
+        finally:
+            logging.disable(before)
+
+
 def explain_breaks(fn: Callable, *args) -> BreakMap:
     """Run ``torch._dynamo.explain(fn)(*args)`` after ``torch._dynamo.reset()`` (so ``fn`` runs
     once, side effects included, though what it prints and what Dynamo warns about the breaks it
@@ -378,14 +393,8 @@ def explain_breaks(fn: Callable, *args) -> BreakMap:
         return inside[-1] if inside else None
 
     torch._dynamo.reset()
-    quiet = logging.root.manager.disable
-    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        logging.disable(logging.WARNING)
-        try:
-            explained = torch._dynamo.explain(fn)(*args)
-        finally:
-            logging.disable(quiet)
+    with contextlib.redirect_stdout(io.StringIO()), dynamo_quiet():
+        explained = torch._dynamo.explain(fn)(*args)
     graphs: dict = {}
     for k, gm in enumerate(explained.graphs, start=1):
         for node in gm.graph.nodes:

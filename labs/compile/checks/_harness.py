@@ -13,8 +13,6 @@ meets in the checks' own programs (log records and warnings) is kept out of the 
 from __future__ import annotations
 
 import contextlib
-import logging
-import warnings
 
 import torch
 import torch._dynamo
@@ -23,6 +21,7 @@ from torch._dynamo.testing import CompileCounter
 from torch.utils._config_module import _UNSET_SENTINEL
 
 from grader.checks import CheckFailure
+from labs.compile import viz
 
 
 def _defaults(module) -> dict:
@@ -61,12 +60,8 @@ def fresh_compiler():
     (what the body compiled is not left to the notebook), and the notebook's config is given
     back."""
     torch._dynamo.reset()
-    quiet = logging.root.manager.disable
     with contextlib.ExitStack() as stack:
-        stack.enter_context(warnings.catch_warnings())
-        warnings.simplefilter("ignore")
-        logging.disable(logging.WARNING)
-        stack.callback(logging.disable, quiet)
+        stack.enter_context(viz.dynamo_quiet())
         changes = changed_config()
         for module, diff in ((torch._dynamo.config, changes.get("torch._dynamo.config")),
                              (inductor_config, changes.get("torch._inductor.config"))):

@@ -74,6 +74,12 @@ class CheckFailure(Exception):
     never include the check's source or its expected data beyond what the learner needs."""
 
 
+class AnswerError(Exception):
+    """The answer raised (or hung) where the check cannot re-raise its exception with its
+    traceback, e.g. in another process: the message says what it raised and where, and the
+    verdict is ``error``, as for an exception raised in this process."""
+
+
 @dataclass(frozen=True)
 class CheckContext:
     """What a check may depend on besides the answer: the run's ``seed`` and ``device``
@@ -374,6 +380,9 @@ def _run(exercise_id: str, every: list[Check], answer: Any, seed: int, device: s
         except (CheckFailure, AssertionError) as exc:
             return Verdict(exercise_id, "failed", _clip(f"{label} failed: {exc}"), done,
                            len(checks), seed)
+        except AnswerError as exc:
+            return Verdict(exercise_id, "error", _clip(f"{label}: {exc}"), done, len(checks),
+                           seed)
         except Exception as exc:  # reported without the check's source
             if out_of_memory(type(exc).__name__, str(exc)):
                 return Verdict(exercise_id, "crashed", _clip(

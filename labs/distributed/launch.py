@@ -1,0 +1,287 @@
+"""Ranks from a notebook: run a function on several real processes joined in a process group.
+
+:func:`run` forks ``world_size`` processes from the notebook's kernel (or any process), joins
+them in a default process group (gloo on CPU) through a ``FileStore`` in a fresh temporary
+folder, calls ``fn(*args)`` on every rank and returns what each rank returned. Forking (not
+``torch.multiprocessing.spawn``) is what lets a function defined in a notebook cell run on the
+ranks: a spawned process starts a new interpreter that would have to import the function by
+name. A world of 4 starts in about 0.1 s here; ``spawn`` takes seconds, importing torch again.
+
+What it guarantees, so that a learner's rank that hangs or dies costs one call, not a kernel:
+
+- Every rank ends with the call. On a rank's error the others get a moment to report theirs and
+  are then killed; past ``timeout`` seconds each rank still running dumps its Python stack
+  (``faulthandler``) and is killed; the error names each rank and the line it was at. An
+  interrupt (the grader's time limit, the notebook's stop button) kills them too. Ranks die with
+  the process that started them (``PR_SET_PDEATHSIG``).
+- No port and no file is shared between calls: the store is a file in a new temporary folder
+  (deleted afterwards), and gloo's own connections bind ports the OS picks.
+- A rank's output (``print``, C++ warnings) goes to a file that :func:`run` prints afterwards,
+  each line prefixed ``[rank r]``; the kernel's own output channel is never touched by a fork.
+
+Each rank sees the environment torchrun would set for it (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) and runs torch with one intra-op thread.
+(torch/distributed/run.py: torchrun; torch/distributed/distributed_c10d.py:
+init_process_group; torch/csrc/distributed/c10d/FileStore.hpp: FileStore.)
+"""
+from __future__ import annotations
+
+import ctypes
+import datetime
+import faulthandler
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+from grader.checks import AnswerError, CheckFailure, explain, learner_line, out_of_memory
+
+#: seconds the other ranks get to report their own errors after the first one fails
+GRACE = 1.0
+#: seconds a call may take by default, every rank included
+TIMEOUT = 30.0
+PR_SET_PDEATHSIG = 1  # (linux/prctl.h)
+#: how gloo says that the rank at the other end of a connection has gone
+_LOST_PEER = re.compile(r"(Read|Write) error \[[^\]]*\]:\d+: Connection (reset|closed) by peer"
+                        r"|Connection closed by peer \[[^\]]*\]:\d+")
+
+
+class RankFailure(AnswerError):
+    """A rank raised, exited early, or did not finish in time. ``rank`` is the first rank that
+    failed, ``exception`` the class name of what it raised (``""`` when it exited or hung), and
+    the message says what each failed rank did and where."""
+
+    def __init__(self, message: str, rank: int, exception: str = ""):
+        super().__init__(message)
+        self.rank, self.exception = rank, exception
+
+
+def run(fn, world_size: int, *args, timeout: float = TIMEOUT, backend: str = "gloo",
+        echo: bool = True) -> list:
+    """Call ``fn(*args)`` on ``world_size`` forked ranks in a default process group; return the
+    values the ranks returned, by rank (they travel back pickled, so return plain data: tensors,
+    numbers, lists, dicts).
+
+    ``timeout`` (seconds) bounds the whole call; the process group's own timeout is longer, so
+    a rank that waits for a message no one sends is reported with the line it waits at, not
+    with gloo's timeout error. ``echo`` prints what the ranks printed, ``[rank r]`` before each
+    line. Raises :class:`RankFailure` (naming the rank) when a rank raises, exits before
+    returning, or is still running after ``timeout``; ``CheckFailure`` when a process group is
+    already initialized in this process (a ``dist.init_process_group`` outside a rank, which
+    forked ranks would inherit; it is destroyed first). Linux and macOS (fork) only.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+        raise CheckFailure(
+            "a process group was initialized in the notebook's own process (a "
+            "dist.init_process_group call outside a rank) and never destroyed; every rank "
+            "started from it would inherit it. It has been destroyed now: initialize process "
+            "groups only inside the function the ranks run.")
+    folder = Path(tempfile.mkdtemp(prefix="ranks-"))
+    ranks: list[_Rank] = []
+    try:
+        context = multiprocessing.get_context("fork")
+        with warnings.catch_warnings():  # (Python 3.12 warns on fork in a threaded process)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            for rank in range(world_size):
+                ranks.append(_Rank(context, rank, world_size, folder, backend, timeout,
+                                   fn, args))
+        _wait(ranks, time.monotonic() + timeout)
+        failed = [r for r in ranks if r.failure]
+        if failed:
+            raise _failure(failed, timeout)
+        return [r.value for r in ranks]
+    finally:
+        for r in ranks:
+            r.kill()
+        if echo:
+            for r in ranks:
+                for line in r.output().splitlines():
+                    print(f"[rank {r.rank}] {line}")
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+class _Rank:
+    """One forked rank: its process, the pipe its result comes back through, its files."""
+
+    def __init__(self, context, rank, world_size, folder, backend, timeout, fn, args):
+        self.rank, self.value, self.failure, self.done, self.order = rank, None, None, False, 0
+        self.log, self.stack = folder / f"rank{rank}.log", folder / f"rank{rank}.stack"
+        self.conn, child_end = context.Pipe(duplex=False)
+        self.process = context.Process(
+            target=_rank_main, name=f"rank {rank}", daemon=True,
+            args=(rank, world_size, folder, backend, timeout, fn, args, child_end))
+        self.process.start()
+        child_end.close()
+
+    def receive(self) -> None:
+        """Read the rank's report, or note that it ended without one."""
+        try:
+            kind, payload = pickle.loads(self.conn.recv_bytes())
+        except (EOFError, OSError):
+            self.process.join(1)
+            code = self.process.exitcode
+            how = (f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0
+                   else f"exited (exit code {code})")
+            self.failure = {"what": f"{how} before returning a result"}
+        else:
+            if kind == "ok":
+                self.value = payload
+            else:
+                self.failure = payload
+        self.done = True
+
+    def kill(self) -> None:
+        """Kill the rank's process and everything it started (its own process group)."""
+        if self.process.pid is not None and self.process.exitcode is None:
+            for kill in (lambda: os.killpg(self.process.pid, signal.SIGKILL),
+                         lambda: os.kill(self.process.pid, signal.SIGKILL)):
+                try:
+                    kill()
+                except OSError:
+                    pass
+        self.process.join(5)
+        self.conn.close()
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def where(self) -> str:
+        """Where the rank was when it was stopped: the innermost frame of its stack dump that
+        is not an installed library's, or ``""``."""
+        text = self.stack.read_text(errors="replace") if self.stack.exists() else ""
+        frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', text)
+        for file, line, func in frames:  # (innermost first)
+            if "/lib/python" not in file:
+                return f" in {func} (line {line})"
+        return ""
+
+
+def _wait(ranks: list[_Rank], deadline: float) -> None:
+    """Collect the ranks' reports until all are in, one failed (then GRACE more seconds), or the
+    deadline passed (then the ranks still running dump their stacks)."""
+    while not all(r.done for r in ranks):
+        now = time.monotonic()
+        if now >= deadline:
+            break
+        ready = multiprocessing.connection.wait([r.conn for r in ranks if not r.done],
+                                                deadline - now)
+        for r in ranks:
+            if r.conn in ready:
+                r.receive()
+                r.order = sum(s.done for s in ranks)
+        if any(r.failure for r in ranks):
+            deadline = min(deadline, time.monotonic() + GRACE)
+    for r in ranks:
+        if not r.done and r.process.exitcode is None:
+            try:
+                os.kill(r.process.pid, signal.SIGUSR1)
+            except OSError:
+                pass
+    time.sleep(0.2 if any(not r.done for r in ranks) else 0)
+    for r in ranks:
+        if not r.done:
+            r.failure = {"what": "hung", "where": r.where()}
+
+
+def _failure(failed: list[_Rank], timeout: float) -> Exception:
+    """The error for the failed ranks: the first one that raised (others often fail only
+    because it did), or the ranks that hung."""
+    raised = sorted((r for r in failed if r.failure["what"] != "hung"),
+                    key=lambda r: (r.failure.get("lost_peer", False), r.order))
+    if raised:  # (a rank whose peer died or raised fails with a lost connection: not the cause)
+        first = raised[0]
+        f = first.failure
+        if f.get("stub"):  # (the grader reports it as the stub: re-raise it as such)
+            return NotImplementedError(f["stub"])
+        if f.get("oom"):
+            return MemoryError(f"rank {first.rank}: {f['what']}")
+        others = [r.rank for r in failed if r is not first]
+        also = (f" (then rank{'s' * (len(others) > 1)} {', '.join(map(str, others))} failed "
+                "too, waiting for it)") if others else ""
+        if f.get("check"):
+            return CheckFailure(f"rank {first.rank}: {f['what']}{also}")
+        return RankFailure(f"rank {first.rank} {f['what']}{also}", first.rank,
+                           f.get("exception", ""))
+    names = ", ".join(f"rank {r.rank}{r.failure['where']}" for r in failed)
+    return RankFailure(
+        f"{'these ranks' if len(failed) > 1 else 'a rank'} did not finish within {timeout:g} s "
+        f"and were stopped: {names}. A rank that waits for a message no other rank sends (a "
+        "recv without its send, a collective that not every rank calls) waits forever.",
+        failed[0].rank)
+
+
+def _rank_main(rank, world_size, folder, backend, timeout, fn, args, conn) -> None:
+    """The body of a forked rank; never returns (``os._exit``: the parent's exit handlers, the
+    kernel's among them, must not run in a copy of it)."""
+    code = 0
+    try:
+        os.setpgid(0, 0)
+        if sys.platform == "linux":
+            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        log = open(folder / f"rank{rank}.log", "w", buffering=1)
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        sys.stdout = sys.stderr = log
+        faulthandler.register(signal.SIGUSR1, file=open(folder / f"rank{rank}.stack", "w"))
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                          LOCAL_WORLD_SIZE=str(world_size))
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        dist.init_process_group(backend, store=dist.FileStore(str(folder / "store"), world_size),
+                                rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout + 60))
+        try:
+            value = fn(*args)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        try:  # (plain pickle copies tensors; multiprocessing's would share them through
+            report = pickle.dumps(("ok", value))  # a thread that dies with this process)
+        except Exception as exc:
+            report = pickle.dumps(("failed", {
+                "what": f"returned a value that cannot be sent back to the notebook "
+                        f"({explain(type(exc).__name__, str(exc))}); return plain data: "
+                        "tensors, numbers, lists, dicts"}))
+        conn.send_bytes(report)
+    except BaseException as exc:  # reported to the parent, which decides what it means
+        code = 1
+        try:
+            conn.send_bytes(pickle.dumps(("failed", _describe(exc))))
+        except Exception:
+            pass
+    finally:
+        try:
+            sys.stdout.flush()
+        finally:
+            os._exit(code)
+
+
+def _describe(exc: BaseException) -> dict:
+    """A rank's exception as the parent reports it."""
+    ename, evalue = type(exc).__name__, str(exc)
+    if isinstance(exc, (CheckFailure, AssertionError)):
+        return {"what": evalue or ename, "check": True}
+    if (isinstance(exc, NotImplementedError) and len(exc.args) == 1
+            and isinstance(exc.args[0], str) and re.fullmatch(r"\w+\.[\w-]+", exc.args[0])):
+        return {"what": f"raised {explain(ename, evalue)}", "stub": exc.args[0]}
+    lost_peer = bool(_LOST_PEER.search(evalue))
+    if lost_peer:  # (gloo's message starts with its source path and ends with a pun)
+        evalue = _LOST_PEER.search(evalue).group(0)
+    what = f"raised {explain(ename, evalue)}{learner_line(exc)}"
+    traceback.print_exception(exc)  # (into the rank's log)
+    return {"what": what, "exception": ename, "oom": out_of_memory(ename, evalue),
+            "lost_peer": lost_peer}

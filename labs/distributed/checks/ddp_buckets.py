@@ -1,0 +1,132 @@
+"""Checks of ``distributed.ddp-buckets``: ``predict_buckets(model, sample, bucket_cap_mb)`` must
+return the gradient buckets ``DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)``
+all-reduces, as ``{"first": [[name, ...], ...], "rebuilt": [[name, ...], ...]}``: parameter names
+(``model.named_parameters()``), bucket by bucket in the order DDP all-reduces them, each bucket's
+parameters in the order ``GradBucket.parameters()`` lists them; ``first`` for the first
+iteration, ``rebuilt`` for the iterations after DDP rebuilt its buckets from the order the
+gradients became ready. The oracle is DDP itself: two gloo ranks train a copy of the model for
+two iterations (loss ``model(x).sum()``, ``x`` shaped like ``sample``) with a comm hook that
+records every bucket it is given. The answer gets its own copy of the model.
+(torch/nn/parallel/distributed.py: DistributedDataParallel._ddp_init_helper,
+_BucketCapacityConfig; torch/csrc/distributed/c10d/reducer.cpp: Reducer::rebuild_buckets,
+compute_bucket_assignment_by_size.)"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from grader.checks import CheckFailure, check
+from labs.distributed.launch import run
+
+EXERCISE = "distributed.ddp-buckets"
+
+
+class Crossed(nn.Module):
+    """Layers defined in one order and used in another: the order gradients become ready is not
+    the reverse of the order parameters were registered in."""
+
+    def __init__(self, width: int, g: torch.Generator):
+        super().__init__()
+        self.inp = nn.Linear(width, width)
+        self.late = nn.Linear(width, width)
+        self.early = nn.Linear(width, width)
+        self.out = nn.Linear(width, 3)
+        self.order = ["inp", "early", "late", "out"]
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+
+    def forward(self, x):
+        for name in self.order:
+            x = torch.tanh(getattr(self, name)(x))
+        return x
+
+
+def _mlp(widths: list[int], g: torch.Generator, frozen: int | None = None) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(widths, widths[1:])):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    model = nn.Sequential(*layers[:-1])
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+    if frozen is not None:
+        model[2 * frozen].requires_grad_(False)
+    return model
+
+
+def _record(model: nn.Module, sample: torch.Tensor, cap) -> dict:
+    """On every rank: DDP's buckets in iterations 1 and 2, by name."""
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap)
+    names = {id(p): n for n, p in model.named_parameters()}
+    seen: list[tuple[int, list[str]]] = []
+
+    def hook(state, bucket):
+        seen.append((bucket.index(), [names[id(p)] for p in bucket.parameters()]))
+        work = dist.all_reduce(bucket.buffer(), async_op=True)
+        return work.get_future().then(lambda f: f.value()[0] / dist.get_world_size())
+
+    ddp.register_comm_hook(None, hook)
+    found = {}
+    for key in ("first", "rebuilt"):
+        seen.clear()
+        x = sample + dist.get_rank()
+        ddp(x).sum().backward()
+        found[key] = [params for _, params in sorted(seen)]
+    return found
+
+
+def _compare(predict_buckets, model: nn.Module, sample: torch.Tensor, cap, what: str) -> None:
+    real = run(_record, 2, copy.deepcopy(model), sample, cap, echo=False)[0]
+    got = predict_buckets(copy.deepcopy(model), sample.clone(), cap)
+    if not isinstance(got, dict) or set(got) != {"first", "rebuilt"}:
+        raise CheckFailure(f"for {what}, predict_buckets returned {type(got).__name__} "
+                           f"{sorted(got) if isinstance(got, dict) else ''}; return a dict with "
+                           "the keys 'first' and 'rebuilt'.".replace(" ;", ";"))
+    for key, when in (("first", "in the first iteration"),
+                      ("rebuilt", "after DDP rebuilt its buckets (iteration 2 on)")):
+        mine = got[key]
+        if not (isinstance(mine, list) and all(isinstance(b, list) for b in mine)):
+            raise CheckFailure(f"for {what}, got[{key!r}] must be a list of buckets, each a "
+                               "list of parameter names.")
+        if mine != real[key]:
+            raise CheckFailure(
+                f"for {what}, {when}: you predicted {len(mine)} bucket(s) {_short(mine)}; DDP "
+                f"all-reduced {len(real[key])}: {_short(real[key])}.")
+
+
+def _short(buckets: list[list]) -> str:
+    text = " | ".join(", ".join(map(str, b)) for b in buckets)
+    return f"[{text}]" if len(text) <= 300 else f"[{text[:297]}...]"
+
+
+@check(EXERCISE)
+def small_mlp(predict_buckets, ctx):
+    """DDP's buckets for an MLP with bucket_cap_mb=0.01, iterations 1 and 2"""
+    g = torch.Generator().manual_seed(ctx.seed)
+    model = _mlp([32, 64, 64, 10], g)
+    _compare(predict_buckets, model, torch.randn(4, 32, generator=g), 0.01,
+             "Sequential(32 -> 64 -> 64 -> 10), bucket_cap_mb=0.01")
+
+
+@check(EXERCISE, hidden=True)
+def seeded_models(predict_buckets, ctx):
+    """DDP's buckets for seeded MLPs, a frozen layer, layers used out of order, the default cap"""
+    g = torch.Generator().manual_seed(ctx.seed)
+    widths = [int(w) for w in torch.randint(8, 80, (5,), generator=g)]
+    cap = float(torch.empty(()).uniform_(0.005, 0.03, generator=g))
+    cases = [
+        (_mlp(widths, g), f"a seeded MLP {widths}, bucket_cap_mb={cap:.4f}", cap, widths[0]),
+        (_mlp(widths, g, frozen=1), f"the MLP {widths} with layer 1 frozen, "
+         f"bucket_cap_mb={cap:.4f}", cap, widths[0]),
+        (Crossed(48, g), "a module whose layers run in another order than they were "
+         "defined in, bucket_cap_mb=0.01", 0.01, 48),
+        (_mlp([600, 640, 600, 8], g), "an MLP of 3.1 MB with the default bucket_cap_mb "
+         "(None)", None, 600),
+    ]
+    for model, what, cap, width in cases:
+        _compare(predict_buckets, model, torch.randn(2, width, generator=g), cap, what)

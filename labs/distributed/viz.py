@@ -230,7 +230,10 @@ def ring_allreduce(world_size: int = 4) -> Figure:
         fontsize=max(font - 1, 4),
     )
     ax.tick_params(axis="x", length=0)
-    ax.set_xlabel("chunk index on each rank (the tensor split into p chunks of n/p elements)")
+    counted = "; a box's number: how many ranks contributed" if p > SHORT_LABELS else ""
+    ax.set_xlabel(
+        f"chunk index on each rank (the tensor split into p chunks of n/p elements){counted}"
+    )
     for side in ("top", "right", "left", "bottom"):
         ax.spines[side].set_visible(False)
     ax.set_title(
@@ -699,7 +702,7 @@ def placement_map(shape: tuple[int, int], mesh_shape: tuple[int, ...], placement
         ax.set_yticks([0, h], ["0", str(h)], fontsize=6)
     said = ", ".join(_placement_text(p) for p in placements)
     fig.suptitle(
-        f"a {h}×{w} tensor on a mesh of shape {mesh_shape} with [{said}]: "
+        f"a {h}×{w} tensor on a mesh of shape {mesh_shape}\nwith [{said}]: "
         "the block each rank holds",
         fontsize=9,
     )
@@ -713,6 +716,14 @@ def default_sizes(world_size: int) -> list[int]:
     multiple of ``4 * world_size`` (so ``n / p`` bytes of float32 split evenly)."""
     unit = 4 * int(world_size)
     return sorted({max(unit, round(2**k / unit) * unit) for k in range(10, 31)})
+
+
+def _bytes(n: int) -> str:
+    """``n`` bytes as ``512 B``, ``32 KiB``, ``1 GiB`` (powers of 1024)."""
+    for unit, size in (("GiB", KiB**3), ("MiB", KiB**2), ("KiB", KiB)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} B"
 
 
 def _seconds(cost, op, algorithm, nbytes, p, alpha, beta) -> tuple[list, float]:
@@ -782,6 +793,7 @@ def cost_curves(cost: Callable, world_size: int, alpha: float, beta: float, size
     fig = Figure(figsize=(10, 5.5))
     ax = fig.subplots()
     styles = {"ring": "-", "tree": "--"}
+    markers = {"all_reduce": ".", "broadcast": "s", "all_gather": "^", "reduce_scatter": "v"}
     for k, (op, algorithm) in enumerate(COLLECTIVES):
         results = [_seconds(cost, op, algorithm, n, p, alpha, beta) for n in sizes]
         most = max(results[-1][0], default=0) / sizes[-1]
@@ -790,8 +802,8 @@ def cost_curves(cost: Callable, world_size: int, alpha: float, beta: float, size
             [s for _, s in results],
             styles[algorithm],
             color=PALETTE[k],
-            marker=".",
-            markersize=4,
+            marker=markers.get(op, "."),
+            markersize=3.5,
             label=f"{op}, {algorithm} (≤ {most:.3g} n sent per rank)",
             gid=f"cost:{op}:{algorithm}",
         )
@@ -824,6 +836,18 @@ def cost_curves(cost: Callable, world_size: int, alpha: float, beta: float, size
         where = f"ring and tree all-reduce cross at {crossing:,} bytes"
     else:
         where = "ring and tree all-reduce do not cross in this range"
+    powers = [2**k for k in range(sizes[0].bit_length() - 1, sizes[-1].bit_length())]
+    powers = [n for n in powers if sizes[0] / 1.5 <= n <= sizes[-1] * 1.5]
+    if powers:
+        every = next(  # (a stride that keeps the first and the last power, <= 9 ticks)
+            (
+                d
+                for d in range(1, len(powers))
+                if (len(powers) - 1) % d == 0 and len(powers) <= 8 * d + 1
+            ),
+            1,
+        )
+        ax.set_xticks(powers[::every], [_bytes(n) for n in powers[::every]])
     ax.set_xlabel("message size n (bytes)")
     ax.set_ylabel("time (s)")
     ax.set_title(

@@ -1,1 +1,158 @@
-"""(being written)"""
+"""Checks of ``distributed.mini-ddp``: ``MiniDDP(module, bucket_cap_mb)`` wraps a module for data
+parallel training. On every rank of a gloo group, after ``loss.backward()`` returns, each
+parameter's ``.grad`` must hold the mean of that gradient over the ranks, so that N steps of SGD
+on each rank's slice of a batch leave the parameters where N steps on the whole batch in one
+process leave them (the oracle: torch, trained here on the full batch). And it must get there as
+DDP does (torch/csrc/distributed/c10d/reducer.cpp: Reducer::autograd_hook, mark_bucket_ready,
+finalize_backward): ``self.buckets`` holds the parameters that require grad, in reverse order
+of ``module.parameters()``, closed when a bucket reaches ``bucket_cap_mb`` MiB; each backward
+issues exactly one all-reduce per bucket (seen by
+:class:`~labs.distributed.checks._comms.CommLog`), and the first is issued while backward is
+still running (before the last gradient is accumulated), so communication overlaps compute."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from grader.checks import CheckFailure, check
+from labs.distributed.checks._comms import CommLog, describe
+from labs.distributed.launch import run
+
+EXERCISE = "distributed.mini-ddp"
+STEPS, LR = 3, 0.1
+MIB = 1024 * 1024
+
+
+def expected_buckets(module: nn.Module, bucket_cap_mb: float) -> list[list[str]]:
+    """The buckets the exercise asks for, by parameter name."""
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    buckets, bucket, size = [], [], 0
+    for name, p in reversed(named):
+        bucket.append(name)
+        size += p.numel() * p.element_size()
+        if size >= bucket_cap_mb * MIB:
+            buckets.append(bucket)
+            bucket, size = [], 0
+    return buckets + ([bucket] if bucket else [])
+
+
+class _Issued(CommLog):
+    """A CommLog that also notes how many gradients were ready when each all-reduce was issued."""
+
+    def __init__(self, ready: list[int]):
+        super().__init__()
+        self.ready, self.at_issue = ready, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace in ("c10d", "_c10d_functional") and "reduce" in func._opname:
+            self.at_issue.append(self.ready[0])
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+def _train(MiniDDP, model: nn.Module, cap: float, x: torch.Tensor, y: torch.Tensor) -> dict:
+    """On every rank: STEPS of SGD through MiniDDP on this rank's slice of (x, y)."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    ddp = MiniDDP(model, cap)
+    if isinstance(ddp, nn.parallel.DistributedDataParallel) or any(
+            isinstance(m, nn.parallel.DistributedDataParallel) for m in ddp.modules()):
+        raise CheckFailure("MiniDDP wraps torch's DistributedDataParallel: build the buckets, "
+                           "hooks and all-reduces yourself.")
+    names = {id(q): n for n, q in model.named_parameters()}
+    try:
+        buckets = [[names[id(q)] for q in b] for b in ddp.buckets]
+    except (AttributeError, KeyError, TypeError):
+        raise CheckFailure("MiniDDP(module, bucket_cap_mb).buckets must be a list of buckets, "
+                           "each a list of the module's parameters.") from None
+    ready = [0]
+    trainable = [q for q in model.parameters() if q.requires_grad]
+    for q in trainable:
+        q.register_post_accumulate_grad_hook(lambda _: ready.__setitem__(0, ready[0] + 1))
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    xs, ys = x.chunk(p)[rank], y.chunk(p)[rank]
+    steps = []
+    for _ in range(STEPS):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(ddp(xs), ys)
+        ready[0] = 0
+        with _Issued(ready) as log:
+            loss.backward()
+        steps.append({"counts": log.counts(), "at_issue": log.at_issue})
+        if any(q.grad is None for q in trainable):
+            raise CheckFailure("after loss.backward() a parameter that requires grad has no "
+                               ".grad: write the averaged gradient back into every .grad.")
+        opt.step()
+    return {"buckets": buckets, "steps": steps, "trainable": len(trainable),
+            "params": {n: q.detach().clone() for n, q in model.named_parameters()}}
+
+
+def _compare(MiniDDP, model: nn.Module, cap: float, p: int, g: torch.Generator, what: str):
+    x = torch.randn(12, model[0].in_features, generator=g)
+    y = torch.randn(12, model[-1].out_features, generator=g)
+    results = run(_train, p, MiniDDP, copy.deepcopy(model), cap, x, y, echo=False)
+    want_buckets = expected_buckets(model, cap)
+    mine = results[0]
+    if mine["buckets"] != want_buckets:
+        raise CheckFailure(
+            f"for {what}: MiniDDP.buckets is {mine['buckets']}; with parameters in reverse "
+            f"order, a bucket closing once it holds {cap} MiB, it is {want_buckets}.")
+    for i, step in enumerate(mine["steps"]):
+        n = step["counts"].get("all_reduce", 0)
+        if n != len(want_buckets) or set(step["counts"]) - {"all_reduce"}:
+            raise CheckFailure(
+                f"for {what}, backward {i + 1} issued {describe(step['counts'])}; DDP issues "
+                f"one all_reduce per bucket: {len(want_buckets)} here. Flatten each bucket's "
+                "gradients into one tensor and all-reduce it once.")
+        if step["at_issue"] and step["at_issue"][0] >= mine["trainable"]:
+            raise CheckFailure(
+                f"for {what}, backward {i + 1} issued its first all-reduce after all "
+                f"{mine['trainable']} gradients were ready: nothing overlapped. Launch a "
+                "bucket's all-reduce (async_op=True) as soon as its last gradient is ready, "
+                "from a hook, and wait for the works only at the end of backward.")
+    single = copy.deepcopy(model)
+    opt = torch.optim.SGD(single.parameters(), lr=LR)
+    for _ in range(STEPS):
+        opt.zero_grad()
+        nn.functional.mse_loss(single(x), y).backward()
+        opt.step()
+    for name, want in single.named_parameters():
+        torch.testing.assert_close(mine["params"][name], want.detach(), msg=lambda m: (
+            f"for {what}, after {STEPS} SGD steps on {p} ranks, parameter {name!r} differs "
+            f"from {STEPS} steps on the whole batch in one process (are the gradients "
+            f"averaged over the ranks, not summed, and written back into .grad?): {m}"))
+
+
+def _mlp(widths: list[int], g: torch.Generator) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for a, b in zip(widths, widths[1:]):
+        layers += [nn.Linear(a, b), nn.Tanh()]
+    model = nn.Sequential(*layers[:-1])
+    with torch.no_grad():
+        for q in model.parameters():
+            q.copy_(torch.randn(q.shape, generator=g) * 0.3)
+    return model
+
+
+@check(EXERCISE)
+def two_ranks(MiniDDP, ctx):
+    """2 ranks, an MLP in 2 buckets: buckets, one all-reduce each, overlap, SGD as one process"""
+    g = torch.Generator().manual_seed(ctx.seed)
+    _compare(MiniDDP, _mlp([16, 32, 32, 4], g), 0.004, 2, g,
+             "Sequential(16 -> 32 -> 32 -> 4) on 2 ranks, bucket_cap_mb=0.004")
+
+
+@check(EXERCISE, hidden=True)
+def three_ranks_and_a_frozen_layer(MiniDDP, ctx):
+    """3 ranks, seeded widths and caps, a frozen layer"""
+    g = torch.Generator().manual_seed(ctx.seed)
+    widths = [int(w) for w in torch.randint(12, 40, (5,), generator=g)]
+    model = _mlp(widths, g)
+    cap = float(torch.empty(()).uniform_(0.002, 0.006, generator=g))
+    _compare(MiniDDP, model, cap, 3, g, f"a seeded MLP {widths} on 3 ranks, "
+             f"bucket_cap_mb={cap:.4f}")
+    model[2].requires_grad_(False)
+    _compare(MiniDDP, model, cap, 2, g, f"the MLP {widths} with layer 1 frozen on 2 ranks, "
+             f"bucket_cap_mb={cap:.4f}")

@@ -1,1 +1,121 @@
-"""(being written)"""
+"""Checks of ``distributed.fsdp-memory``: ``fsdp_memory(model, world_size,
+reshard_after_forward)`` must return, for a :class:`~labs.distributed.models.Stack` sharded with
+FSDP2 on ``world_size`` ranks (``fully_shard(layer, reshard_after_forward=...)`` for each of
+``model.layers``, then ``fully_shard(model, ...)``; ``None`` means the argument is not passed),
+the bytes each rank holds, as ``{key: [bytes of rank 0, rank 1, ...]}`` with the keys:
+
+- ``params``: its parameter shards (the local tensors of the DTensor parameters);
+- ``grads``: its gradient shards after one backward;
+- ``optim``: ``torch.optim.Adam``'s state after one step (every tensor in ``optimizer.state``);
+- ``peak_forward``: the most parameter bytes it holds during forward: its shards plus the
+  parameters all-gathered (unsharded) at that moment, sampled before and after every module's
+  forward;
+- ``after_forward``: the same when forward has returned, before backward.
+
+The oracle is a real run: ``world_size`` gloo ranks shard a copy of the model with
+``fully_shard``, run forward, backward and an Adam step, and measure each quantity on each rank.
+(torch/distributed/fsdp/_fully_shard/_fully_shard.py: fully_shard;
+_fsdp_param.py: FSDPParam (chunked on dim 0, torch.chunk); _fsdp_param_group.py: FSDPParamGroup
+.unshard, .reshard, post_forward_mesh_info; _fsdp_state.py: FSDPState._lazy_init (the root).)
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+from grader.checks import CheckFailure, check
+from labs.distributed.launch import run
+from labs.distributed.models import Stack
+
+EXERCISE = "distributed.fsdp-memory"
+KEYS = ("params", "grads", "optim", "peak_forward", "after_forward")
+
+
+def _bytes(t: torch.Tensor) -> int:
+    t = t.to_local() if isinstance(t, DTensor) else t
+    return t.numel() * t.element_size()
+
+
+def measure(model: Stack, reshard_after_forward: bool | None) -> dict[str, int]:
+    """On every rank: shard ``model`` with FSDP2, run forward, backward and an Adam step; the
+    bytes this rank holds (the keys of the module docstring)."""
+    kwargs = {} if reshard_after_forward is None else {
+        "reshard_after_forward": reshard_after_forward}
+    for layer in model.layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    shards = sum(_bytes(p) for p in model.parameters())
+
+    def held() -> int:  # (an unsharded parameter is registered as a plain tensor, not a DTensor)
+        return shards + sum(p.numel() * p.element_size() for m in model.modules()
+                            for p in m._parameters.values()
+                            if p is not None and not isinstance(p, DTensor))
+
+    samples: list[int] = []
+    hooks = [h for m in model.modules() for h in (
+        m.register_forward_pre_hook(lambda *_: samples.append(held())),
+        m.register_forward_hook(lambda *_: samples.append(held())))]
+    out = model(torch.ones(2, model.layers[0].in_features))
+    after = held()
+    for h in hooks:
+        h.remove()
+    out.sum().backward()
+    optimizer = torch.optim.Adam(model.parameters())
+    optimizer.step()
+    return {"params": shards,
+            "grads": sum(_bytes(p.grad) for p in model.parameters() if p.grad is not None),
+            "optim": sum(_bytes(v) for state in optimizer.state.values()
+                         for v in state.values() if isinstance(v, torch.Tensor)),
+            "peak_forward": max(samples), "after_forward": after}
+
+
+def _measure_each(model: Stack) -> dict:
+    """On every rank: :func:`measure` a fresh copy of ``model`` for each setting of
+    reshard_after_forward (one process serves the three: DTensor's caches stay warm)."""
+    return {reshard: measure(copy.deepcopy(model), reshard) for reshard in (None, True, False)}
+
+
+def _compare(fsdp_memory, model: Stack, world_size: int, what: str) -> None:
+    measured = run(_measure_each, world_size, model, echo=False)
+    for reshard in (None, True, False):
+        real = [m[reshard] for m in measured]
+        call = f"fsdp_memory(model, {world_size}, reshard_after_forward={reshard})"
+        got = fsdp_memory(copy.deepcopy(model), world_size, reshard)
+        if not isinstance(got, dict) or set(got) != set(KEYS):
+            raise CheckFailure(f"for {what}, {call} returned "
+                               f"{sorted(got) if isinstance(got, dict) else type(got).__name__}"
+                               f"; return a dict with the keys {', '.join(KEYS)}.")
+        for key in KEYS:
+            want = [r[key] for r in real]
+            mine = got[key]
+            if not (isinstance(mine, list) and len(mine) == world_size):
+                raise CheckFailure(f"for {what}, {call}[{key!r}] must be a list of "
+                                   f"{world_size} ints, the bytes of rank 0, 1, ...")
+            if mine != want:
+                raise CheckFailure(
+                    f"for {what}, {call}[{key!r}] is {mine}; measured on {world_size} real "
+                    f"ranks it is {want} (bytes of rank 0, 1, ...).")
+
+
+@check(EXERCISE)
+def four_ranks(fsdp_memory, ctx):
+    """bytes per rank on 4 ranks: Stack([16, 40, 24, 30], 3), each reshard_after_forward"""
+    torch.manual_seed(ctx.seed)
+    _compare(fsdp_memory, Stack([16, 40, 24, 30], 3), 4, "Stack([16, 40, 24, 30], out=3)")
+
+
+@check(EXERCISE, hidden=True)
+def seeded_stacks(fsdp_memory, ctx):
+    """bytes per rank on 2 and 3 ranks, seeded widths, a frozen layer"""
+    g = torch.Generator().manual_seed(ctx.seed)
+    widths = [int(w) for w in torch.randint(5, 50, (5,), generator=g)]
+    out = int(torch.randint(1, 4, (1,), generator=g))
+    _compare(fsdp_memory, Stack(widths, out), 3, f"Stack({widths}, out={out})")
+    model = Stack(widths, out)
+    model.layers[1].requires_grad_(False)
+    _compare(fsdp_memory, model, 2, f"Stack({widths}, out={out}) with layers[1] frozen")

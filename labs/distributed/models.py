@@ -1,0 +1,23 @@
+"""The model the FSDP2 demos and the ``distributed.fsdp-memory`` exercise shard."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Stack(nn.Module):
+    """An MLP as FSDP2 is usually applied to a transformer: ``layers`` (an ``nn.ModuleList`` of
+    ``nn.Linear(widths[i], widths[i + 1])``, each followed by ``tanh``), then ``head``
+    (``nn.Linear(widths[-1], out)``). Sharded layer by layer, each layer gets its own
+    ``fully_shard`` and the root ``fully_shard(model)`` owns what is left: ``head``.
+    Input ``(batch, widths[0])`` float32, output ``(batch, out)``."""
+
+    def __init__(self, widths: list[int], out: int):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
+        self.head = nn.Linear(widths[-1], out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return self.head(x)

@@ -343,8 +343,8 @@ def record_ddp_iterations(ddp_model, step: Callable, iterations: int = 2) -> lis
     parameter's gradient became ready and when each bucket's all-reduce started and ended.
     Call it inside a rank (a function :func:`labs.distributed.launch.run` runs), on every rank.
 
-    ``step()`` runs one forward and returns the loss (it may zero the gradients first; an
-    optimizer step belongs after it, outside, or in the next ``step``); this function calls
+    ``step()`` runs one forward and returns the loss (zeroing the gradients, or taking the
+    optimizer's step for the previous iteration, first if wanted); this function calls
     ``loss.backward()`` on it. Before the first iteration it registers a comm hook
     (``ddp_model.register_comm_hook(None, hook)``) that does what DDP's default does (divide
     the bucket's buffer by the world size, all-reduce it asynchronously) and records, per
@@ -363,8 +363,9 @@ def record_ddp_iterations(ddp_model, step: Callable, iterations: int = 2) -> lis
     [{"index", "params" (names), "nbytes", "start", "end"}, ...] (by index)}``, times in
     seconds from the start of that iteration's ``loss.backward()``.
 
-    In iteration 1 DDP has one bucket holding all parameters (no ``find_unused_parameters``:
-    it does not yet know the order gradients come in); after it, ``Reducer::rebuild_buckets``
+    In iteration 1 DDP has one bucket holding all parameters (it does not yet know the order
+    gradients come in; unless ``find_unused_parameters=True``, which buckets by size in
+    reverse definition order from the start); after it, ``Reducer::rebuild_buckets``
     regroups the parameters in the order their gradients became ready, ``bucket_cap_mb`` each,
     so from iteration 2 a bucket's all-reduce starts as soon as its last gradient is ready,
     while backward continues. Models ``torch/nn/parallel/distributed.py:
@@ -458,7 +459,8 @@ def ddp_timeline(records: list[dict]) -> Figure:
     iteration (time in ms from the start of its backward): the backward as a grey span on the
     top row; one tick per gradient when it became ready on the second row, coloured by the
     bucket its parameter is in (:data:`PALETTE`, grey when in none) and labelled with the
-    parameter's short name (``3.w`` for ``...3.weight``) when there are at most 16; one bar per
+    parameter's short name (``3.w`` for ``...3.weight``; one label, ``3.b,3.w``, for the
+    gradients ready within 1% of the backward) when there are at most 16; one bar per
     bucket's all-reduce, from the hook's call to its future's completion, each on its own lane
     of the "communication" rows, labelled "bucket i (n params, X KiB)", with a dotted line up
     from its start to the gradients row. Returns a ``Figure``.
@@ -485,9 +487,10 @@ def ddp_timeline(records: list[dict]) -> Figure:
         bucket_of = {name: b["index"] for b in rec["buckets"] for name in b["params"]}
         colour = {b["index"]: PALETTE[b["index"] % len(PALETTE)] for b in rec["buckets"]}
         t_end = rec["backward"][1] * 1e3
-        ax.barh(2, t_end, left=0, height=0.5, color="#bbbbbb", gid="backward")
-        ax.text(t_end / 2, 2, "backward", ha="center", va="center", fontsize=8)
         few = len(rec["grads"]) <= 16
+        top = 2.8 if few else 2.0  # the backward row: above the gradients' names
+        ax.barh(top, t_end, left=0, height=0.5, color="#bbbbbb", gid="backward")
+        ax.text(t_end / 2, top, "backward", ha="center", va="center", fontsize=8)
         for name, t in rec["grads"]:
             b = bucket_of.get(name)
             ax.plot(
@@ -497,17 +500,23 @@ def ddp_timeline(records: list[dict]) -> Figure:
                 linewidth=1.6,
                 gid=f"grad:{'none' if b is None else b}",
             )
-            if few:
-                ax.text(
-                    t * 1e3,
-                    1.4,
-                    _short(name),
-                    rotation=90,
-                    ha="center",
-                    va="bottom",
-                    fontsize=6,
-                    gid="grad-name",
-                )
+        groups: list[list] = []  # names of gradients ready within 1% of the span: one label
+        for name, t in rec["grads"] if few else []:
+            if groups and t * 1e3 - groups[-1][0] <= 0.01 * t_end:
+                groups[-1][1].append(_short(name))
+            else:
+                groups.append([t * 1e3, [_short(name)]])
+        for t, shorts in groups:
+            ax.text(
+                t,
+                1.4,
+                ",".join(shorts),
+                rotation=90,
+                ha="center",
+                va="bottom",
+                fontsize=6,
+                gid="grad-name",
+            )
         for lane, b in enumerate(rec["buckets"]):
             y = -lane * 0.7
             start, end = b["start"] * 1e3, (b["end"] if b["end"] is not None else b["start"])
@@ -536,9 +545,9 @@ def ddp_timeline(records: list[dict]) -> Figure:
         last = max([t_end] + [(b["end"] or 0) * 1e3 for b in rec["buckets"]])
         ax.set_xlim(0, last * 1.3 if last > 0 else 1)
         bottom = -(len(rec["buckets"]) - 1) * 0.7 - 0.5
-        ax.set_ylim(bottom, 3.0 if few else 2.5)
+        ax.set_ylim(bottom, top + 0.45)
         comm = -(len(rec["buckets"]) - 1) * 0.35 if rec["buckets"] else 0
-        ax.set_yticks([2, 1, comm], ["backward", "gradient ready", "communication"], fontsize=8)
+        ax.set_yticks([top, 1, comm], ["backward", "gradient ready", "communication"], fontsize=8)
         ax.set_title(
             f"iteration {rec.get('iteration', '?')}: {_plural(len(rec['buckets']), 'bucket')}, "
             f"{_plural(len(rec['grads']), 'gradient')}, backward {t_end:.2f} ms",

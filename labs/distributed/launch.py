@@ -26,9 +26,11 @@ init_process_group; torch/csrc/distributed/c10d/FileStore.hpp: FileStore.)
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime
 import faulthandler
+import logging
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -88,6 +90,8 @@ def run(fn, world_size: int, *args, timeout: float = TIMEOUT, backend: str = "gl
             "dist.init_process_group call outside a rank) and never destroyed; every rank "
             "started from it would inherit it. It has been destroyed now: initialize process "
             "groups only inside the function the ranks run.")
+    if "torch.distributed.tensor" in sys.modules:  # DTensor's first op imports Dynamo (~1.5 s):
+        import torch._dynamo  # noqa: F401  (once here, not once in every rank)
     folder = Path(tempfile.mkdtemp(prefix="ranks-"))
     ranks: list[_Rank] = []
     try:
@@ -230,11 +234,13 @@ def _rank_main(rank, world_size, folder, backend, timeout, fn, args, conn) -> No
         os.setpgid(0, 0)
         if sys.platform == "linux":
             ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        log = open(folder / f"rank{rank}.log", "w", buffering=1)
+        log = open(folder / f"rank{rank}.log", "w", buffering=1)  # noqa: SIM115 (the rank's life)
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
+        _redirect_logging((sys.stdout, sys.stderr), log)
         sys.stdout = sys.stderr = log
-        faulthandler.register(signal.SIGUSR1, file=open(folder / f"rank{rank}.stack", "w"))
+        stack = open(folder / f"rank{rank}.stack", "w")  # noqa: SIM115 (kept by faulthandler)
+        faulthandler.register(signal.SIGUSR1, file=stack)
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                           LOCAL_WORLD_SIZE=str(world_size))
         import torch
@@ -251,23 +257,31 @@ def _rank_main(rank, world_size, folder, backend, timeout, fn, args, conn) -> No
                 dist.destroy_process_group()
         try:  # (plain pickle copies tensors; multiprocessing's would share them through
             report = pickle.dumps(("ok", value))  # a thread that dies with this process)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (whatever pickle raises, the rank reports it)
             report = pickle.dumps(("failed", {
                 "what": f"returned a value that cannot be sent back to the notebook "
                         f"({explain(type(exc).__name__, str(exc))}); return plain data: "
                         "tensors, numbers, lists, dicts"}))
         conn.send_bytes(report)
-    except BaseException as exc:  # reported to the parent, which decides what it means
+    except BaseException as exc:  # noqa: BLE001 (reported to the parent, which judges it)
         code = 1
-        try:
+        with contextlib.suppress(Exception):  # (the parent reports a rank that sends nothing)
             conn.send_bytes(pickle.dumps(("failed", _describe(exc))))
-        except Exception:
-            pass
     finally:
         try:
             sys.stdout.flush()
         finally:
             os._exit(code)
+
+
+def _redirect_logging(streams: tuple, log) -> None:
+    """Point the logging handlers that write to ``streams`` (the parent's ``sys.stdout`` and
+    ``sys.stderr``, in a kernel its channels to the notebook) at the rank's ``log``."""
+    loggers = [logging.getLogger()] + [v for v in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(v, logging.Logger)]
+    for handler in (h for lg in loggers for h in lg.handlers):
+        if isinstance(handler, logging.StreamHandler) and handler.stream in streams:
+            handler.setStream(log)
 
 
 def _describe(exc: BaseException) -> dict:

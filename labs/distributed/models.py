@@ -1,6 +1,8 @@
 """The model the FSDP2 demos and the ``distributed.fsdp-memory`` exercise shard."""
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
@@ -14,7 +16,7 @@ class Stack(nn.Module):
 
     def __init__(self, widths: list[int], out: int):
         super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(widths))
         self.head = nn.Linear(widths[-1], out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

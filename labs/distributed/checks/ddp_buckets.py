@@ -14,6 +14,7 @@ compute_bucket_assignment_by_size.)"""
 from __future__ import annotations
 
 import copy
+import itertools
 
 import torch
 import torch.distributed as dist
@@ -48,7 +49,7 @@ class Crossed(nn.Module):
 
 def _mlp(widths: list[int], g: torch.Generator, frozen: int | None = None) -> nn.Sequential:
     layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(widths, widths[1:])):
+    for a, b in itertools.pairwise(widths):
         layers += [nn.Linear(a, b), nn.ReLU()]
     model = nn.Sequential(*layers[:-1])
     with torch.no_grad():
@@ -121,12 +122,13 @@ def seeded_models(predict_buckets, ctx):
     cap = float(torch.empty(()).uniform_(0.005, 0.03, generator=g))
     cases = [
         (_mlp(widths, g), f"a seeded MLP {widths}, bucket_cap_mb={cap:.4f}", cap, widths[0]),
-        (_mlp(widths, g, frozen=1), f"the MLP {widths} with layer 1 frozen, "
-         f"bucket_cap_mb={cap:.4f}", cap, widths[0]),
-        (Crossed(48, g), "a module whose layers run in another order than they were "
-         "defined in, bucket_cap_mb=0.01", 0.01, 48),
-        (_mlp([600, 640, 600, 8], g), "an MLP of 3.1 MB with the default bucket_cap_mb "
-         "(None)", None, 600),
+        (_mlp(widths, g, frozen=1),
+         f"the MLP {widths} with layer 1 frozen, bucket_cap_mb={cap:.4f}", cap, widths[0]),
+        (Crossed(48, g),
+         ("a module whose layers run in another order than they were defined in, "
+          "bucket_cap_mb=0.01"), 0.01, 48),
+        (_mlp([600, 640, 600, 8], g),
+         "an MLP of 3.1 MB with the default bucket_cap_mb (None)", None, 600),
     ]
     for model, what, cap, width in cases:
         _compare(predict_buckets, model, torch.randn(2, width, generator=g), cap, what)

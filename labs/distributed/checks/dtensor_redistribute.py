@@ -16,8 +16,14 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import (DTensor, Partial, Placement, Replicate, Shard,
-                                      distribute_tensor)
+from torch.distributed.tensor import (
+    DTensor,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    distribute_tensor,
+)
 from torch.distributed.tensor.debug import CommDebugMode
 
 from grader.checks import CheckFailure, check, plain_tensor
@@ -81,7 +87,7 @@ def _on_rank(redistribute, seed: int, cases: dict, shape: tuple[int, int]) -> No
             if got.shape != want.shape:
                 raise CheckFailure(f"for {what}, your local tensor has shape {list(got.shape)}; "
                                    f"DTensor's has shape {list(want.shape)}.")
-            torch.testing.assert_close(got, want, msg=lambda m: (
+            torch.testing.assert_close(got, want, msg=lambda m, what=what: (
                 f"for {what}, your local tensor differs from DTensor's (is each mesh "
                 f"dimension's shard the chunk at this rank's coordinate?): {m}"))
             mine, theirs = _counts(mode), _counts(oracle)

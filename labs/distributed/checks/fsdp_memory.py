@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 
 import torch
-from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 

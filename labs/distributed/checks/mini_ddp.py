@@ -13,6 +13,7 @@ still running (before the last gradient is accumulated), so communication overla
 from __future__ import annotations
 
 import copy
+import itertools
 
 import torch
 import torch.distributed as dist
@@ -119,7 +120,7 @@ def _compare(MiniDDP, model: nn.Module, cap: float, p: int, g: torch.Generator, 
         nn.functional.mse_loss(single(x), y).backward()
         opt.step()
     for name, want in single.named_parameters():
-        torch.testing.assert_close(mine["params"][name], want.detach(), msg=lambda m: (
+        torch.testing.assert_close(mine["params"][name], want.detach(), msg=lambda m, name=name: (
             f"for {what}, after {STEPS} SGD steps on {p} ranks, parameter {name!r} differs "
             f"from {STEPS} steps on the whole batch in one process (are the gradients "
             f"averaged over the ranks, not summed, and written back into .grad?): {m}"))
@@ -127,7 +128,7 @@ def _compare(MiniDDP, model: nn.Module, cap: float, p: int, g: torch.Generator, 
 
 def _mlp(widths: list[int], g: torch.Generator) -> nn.Sequential:
     layers: list[nn.Module] = []
-    for a, b in zip(widths, widths[1:]):
+    for a, b in itertools.pairwise(widths):
         layers += [nn.Linear(a, b), nn.Tanh()]
     model = nn.Sequential(*layers[:-1])
     with torch.no_grad():

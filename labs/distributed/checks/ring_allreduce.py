@@ -50,7 +50,7 @@ def _on_rank(ring_all_reduce, seed: int, cases: list[tuple]) -> None:
             raise CheckFailure(f"for {what}, the tensor was left unchanged."
                                + (hint if isinstance(returned, torch.Tensor) else ""))
         if dtype.is_floating_point:
-            torch.testing.assert_close(got, want, msg=lambda m: (
+            torch.testing.assert_close(got, want, msg=lambda m, what=what: (
                 f"for {what}, the tensor differs from what dist.all_reduce gives: {m}"))
         elif not torch.equal(got, want):
             bad = int((got != want).nonzero()[0][-1]) if got.dim() else 0
@@ -70,9 +70,9 @@ def _ring_traffic(log: CommLog, rank: int, p: int, what: str, tensor: torch.Tens
                            f"sends only to the next one, (rank + 1) % world_size = {nxt}.")
     stray = sorted({c.peer for c in recvs if c.peer != prev})
     if stray:
-        raise CheckFailure(f"for {what}, rank {rank} received from rank {stray[0]}: in a ring each "
-                           f"rank receives only from the previous one, (rank - 1) % world_size = "
-                           f"{prev}.")
+        raise CheckFailure(f"for {what}, rank {rank} received from rank {stray[0]}: in a ring "
+                           "each rank receives only from the previous one, (rank - 1) % "
+                           f"world_size = {prev}.")
     n, size = tensor.numel(), tensor.element_size()
     most = 2 * (p - 1) * math.ceil(n / p) * size
     sent = sum(c.bytes for c in sends)
@@ -97,6 +97,7 @@ def worlds_two_to_four(ring_all_reduce, ctx):
     for p in (2, 3, 4):
         odd = int(torch.randint(2, 6, (1,), generator=g)) * p + int(
             torch.randint(1, p, (1,), generator=g))
-        cases = [((1,), torch.float32), ((p - 1,), torch.float32) if p > 2 else ((p,), torch.float32),
-                 ((odd,), torch.float32), ((3, odd), torch.float64), ((odd + p,), torch.int64)]
+        below = (p - 1,) if p > 2 else (p,)  # (fewer elements than ranks: empty chunks)
+        cases = [((1,), torch.float32), (below, torch.float32), ((odd,), torch.float32),
+                 ((3, odd), torch.float64), ((odd + p,), torch.int64)]
         run(_on_rank, p, ring_all_reduce, ctx.seed, cases, echo=False)

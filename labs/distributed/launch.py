@@ -49,8 +49,8 @@ from grader.checks import AnswerError, CheckFailure, explain, learner_line, out_
 
 #: seconds the other ranks get to report their own errors after the first one fails
 GRACE = 1.0
-#: seconds a call may take by default, every rank included
-TIMEOUT = 30.0
+#: seconds a call may take by default, every rank included (the checks' calls take 0.1-2 s)
+TIMEOUT = 15.0
 PR_SET_PDEATHSIG = 1  # (linux/prctl.h)
 #: how gloo says that the rank at the other end of a connection has gone
 _LOST_PEER = re.compile(r"(Read|Write) error \[[^\]]*\]:\d+: Connection (reset|closed) by peer"

@@ -375,8 +375,18 @@ for _path in [p for p in _cache.rglob("*") if p.is_file() and "precompiled_heade
 (_cache / "fxgraph" / "zz" / "planted").write_bytes(b"poisoned by a submission")
 """
 
+# lab 5: ranks that misbehave. Rank 1 sleeps in the ring (rank 0 waits for its message), rank 1
+# of MiniDDP's ranks exits as it is built, and a process group is initialized in the kernel
+# itself, where every rank forked from it would inherit it. Each costs its own exercise only.
+_HANGING_RANK = ("_honest = {name}\n\n\ndef {name}(tensor):\n    if dist.get_rank() == 1:\n"
+                 "        import time\n        time.sleep(3600)\n    _honest(tensor)")
+_EXITING_RANK = ("class _Leaving({name}):\n    def __init__(self, *args, **kwargs):\n"
+                 "        if dist.get_rank() == 1:\n            import os\n            os._exit(0)\n"
+                 "        super().__init__(*args, **kwargs)\n\n\n{name} = _Leaving")
+_LEAKED_GROUP = 'dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)'
+
 # ------------------------------------------------------------------ the catalogue
-A, D, L, C = "autograd", "dispatcher", "allocator", "compile"
+A, D, L, C, N = "autograd", "dispatcher", "allocator", "compile", "distributed"
 
 FIXTURES = [
     # execution faults
@@ -455,6 +465,14 @@ FIXTURES = [
     Fixture("compile-state", "Dynamo's config changed and Inductor's cache poisoned", C,
             chain(after(C, "graph-breaks", _CONFIG_CHEAT), before(C, "fusion", _POISON_CACHE)),
             {"graph-breaks": ("failed", "item")}),
+    Fixture("rank-faults", "a rank that hangs, a rank that exits early, a process group leaked "
+            "into the kernel", N,
+            chain(after(N, "ring-allreduce", _HANGING_RANK), after(N, "mini-ddp", _EXITING_RANK),
+                  before(N, "dtensor-redistribute", _LEAKED_GROUP)),
+            {"ring-allreduce": ("error", "did not finish within 15 s and were stopped"),
+             "mini-ddp": ("error", "rank 1 exited (exit code 0) before returning a result"),
+             "dtensor-redistribute": ("failed", "a process group was initialized in the "
+                                      "notebook's own process")}),
     Fixture("patched-grader", "the grader's run_checks replaced from an answer", D,
             after(D, "privateuse1", _PATCH_RUN_CHECKS),
             {"privateuse1": ("error", "the notebook replaced `grader.selfcheck.run_checks`")}),

@@ -1,0 +1,80 @@
+"""distributed.ddp-buckets: plausible wrong bucket predictions fail, called directly through
+run_checks. Each is the reference answer with one rule changed. The reference and the stub are
+tested for every exercise in test_exercise_contract.py."""
+import pytest
+
+from tests.conftest import assert_rejected
+
+EX = "distributed.ddp-buckets"
+MiB = 1024 * 1024
+
+
+def flawed(flaw):
+    """The reference answer with one flaw."""
+
+    def predict_buckets(model, sample, bucket_cap_mb=None):
+        params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        first = [[n for n, _ in (model.named_parameters() if flaw == "frozen included"
+                                 else params)]]
+        ready = []
+        hooks = [p.register_post_accumulate_grad_hook(lambda p, n=n: ready.append(n))
+                 for n, p in params]
+        model(sample).sum().backward()
+        for h in hooks:
+            h.remove()
+        if flaw == "reverse registration order":  # (what DDP starts from, not what it rebuilds)
+            ready = [n for n, _ in reversed(params)]
+        cap = 25 * MiB if bucket_cap_mb is None else int(bucket_cap_mb * MiB)
+        caps = [MiB if bucket_cap_mb is None and flaw != "no 1 MiB first bucket" else cap, cap]
+        size = {n: p.numel() * p.element_size() for n, p in params}
+        rebuilt, bucket, total = [], [], 0
+        for n in ready:
+            limit = caps[min(len(rebuilt), 1)]
+            if flaw == "closes before it would overflow" and bucket and total + size[n] > limit:
+                rebuilt.append(bucket)
+                bucket, total = [], 0
+            bucket.append(n)
+            total += size[n]
+            if flaw != "closes before it would overflow" and total >= limit:
+                rebuilt.append(bucket)
+                bucket, total = [], 0
+        if bucket:
+            rebuilt.append(bucket)
+        if flaw == "first iteration already bucketed":
+            first = rebuilt
+        if flaw == "a list":
+            return [first, rebuilt]
+        return {"first": first, "rebuilt": rebuilt}
+
+    return predict_buckets
+
+
+@pytest.mark.parametrize("flaw, phrase", [
+    ("first iteration already bucketed",
+     "in the first iteration: you predicted 2 bucket(s) [4.bias, 4.weight, 2.bias, 2.weight | "
+     "0.bias, 0.weight]; DDP all-reduced 1: [0.weight, 0.bias, 2.weight, 2.bias, 4.weight, "
+     "4.bias]"),
+    ("closes before it would overflow",
+     "after DDP rebuilt its buckets (iteration 2 on): you predicted 3 bucket(s) [4.bias, "
+     "4.weight, 2.bias | 2.weight | 0.bias, 0.weight]; DDP all-reduced 2"),
+    ("a list", "predict_buckets returned list; return a dict with the keys 'first' and "
+               "'rebuilt'"),
+])
+def test_wrong_answers_fail(flaw, phrase):
+    v = assert_rejected(EX, flawed(flaw), phrase)
+    assert v.message.startswith("check 1/2"), v.message
+
+
+@pytest.mark.parametrize("flaw, phrase", [
+    ("frozen included", "with layer 1 frozen, bucket_cap_mb=0.0209, in the first iteration"),
+    ("reverse registration order",
+     "a module whose layers run in another order than they were defined in, bucket_cap_mb=0.01, "
+     "after DDP rebuilt its buckets (iteration 2 on): you predicted 2 bucket(s) [out.bias, "
+     "out.weight, early.bias"),
+    ("no 1 MiB first bucket",
+     "the default bucket_cap_mb (None), after DDP rebuilt its buckets (iteration 2 on): you "
+     "predicted 1 bucket(s)"),
+])
+def test_wrong_answers_fail_on_hidden_cases(flaw, phrase):
+    v = assert_rejected(EX, flawed(flaw), phrase)
+    assert v.message.startswith("hidden check 2/2"), v.message

@@ -187,13 +187,13 @@ def _wait(ranks: list[_Rank], deadline: float) -> None:
                 r.order = sum(s.done for s in ranks)
         if any(r.failure for r in ranks):
             deadline = min(deadline, time.monotonic() + GRACE)
-    for r in ranks:
-        if not r.done and r.process.exitcode is None:
-            try:
-                os.kill(r.process.pid, signal.SIGUSR1)
-            except OSError:
-                pass
-    time.sleep(0.2 if any(not r.done for r in ranks) else 0)
+    hung = [r for r in ranks if not r.done and r.process.exitcode is None]
+    for r in hung:
+        with contextlib.suppress(OSError):
+            os.kill(r.process.pid, signal.SIGUSR1)
+    until = time.monotonic() + 2  # (each dumps its stack from a signal handler: wait for it)
+    while time.monotonic() < until and not all(r.where() for r in hung):
+        time.sleep(0.05)
     for r in ranks:
         if not r.done:
             r.failure = {"what": "hung", "where": r.where()}
@@ -211,9 +211,12 @@ def _failure(failed: list[_Rank], timeout: float) -> Exception:
             return NotImplementedError(f["stub"])
         if f.get("oom"):
             return MemoryError(f"rank {first.rank}: {f['what']}")
-        others = [r.rank for r in failed if r is not first]
-        also = (f" (then rank{'s' * (len(others) > 1)} {', '.join(map(str, others))} failed "
-                "too, waiting for it)") if others else ""
+        others = [r for r in failed if r is not first]
+        names = ", ".join(str(r.rank) for r in others)
+        waited = all(r.failure.get("lost_peer") or r.failure["what"] == "hung" for r in others)
+        also = (f" (then rank{'s' * (len(others) > 1)} {names} failed too, waiting for it)"
+                if waited else f" (rank{'s' * (len(others) > 1)} {names} failed too)")
+        also = also if others else ""
         if f.get("check"):
             return CheckFailure(f"rank {first.rank}: {f['what']}{also}")
         return RankFailure(f"rank {first.rank} {f['what']}{also}", first.rank,

@@ -1,4 +1,5 @@
-"""The model the FSDP2 demos and the ``distributed.fsdp-memory`` exercise shard."""
+"""The models the distributed checks and demos train: :class:`Stack` (what FSDP2 shards) and
+:func:`mlp` (what DDP replicates)."""
 from __future__ import annotations
 
 import itertools
@@ -23,3 +24,17 @@ class Stack(nn.Module):
         for layer in self.layers:
             x = torch.tanh(layer(x))
         return self.head(x)
+
+
+def mlp(widths: list[int], generator: torch.Generator) -> nn.Sequential:
+    """``nn.Sequential`` of ``nn.Linear(widths[i], widths[i + 1])`` with ``nn.Tanh`` between
+    them (``model[2 * i]`` is layer ``i``), float32 weights drawn from ``generator``
+    (``N(0, 0.3**2)``), so every rank that builds it from the same seed holds the same model."""
+    layers: list[nn.Module] = []
+    for a, b in itertools.pairwise(widths):
+        layers += [nn.Linear(a, b), nn.Tanh()]
+    model = nn.Sequential(*layers[:-1])
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * 0.3)
+    return model

@@ -27,7 +27,7 @@ def flawed(ref, flaw):
         if flaw == "ring all-reduce sends 2n" and (op, algorithm) == ("all_reduce", "ring"):
             return [2 * n] * p, seconds
         if flaw == "every rank sends in a tree broadcast" and (op, algorithm) == ("broadcast",
-                                                                                 "tree"):
+                                                                                  "tree"):
             return [n] * p, seconds
         if flaw == "nbytes taken as one rank's input to all-gather" and op == "all_gather":
             return [(p - 1) * n] * p, (p - 1) * (alpha + n * beta)
@@ -47,17 +47,17 @@ def flawed(ref, flaw):
 
 @pytest.mark.parametrize("flaw, phrase", [
     ("tree time counts messages",
-     "collective_cost('broadcast', 'tree', 4096, 4, 1e-05, 1e-09): you said 4.2288e-05 s; the "
-     "real run's messages take 2.8192e-05 s"),
+     ("collective_cost('broadcast', 'tree', 4096, 4, 1e-05, 1e-09): you said 4.2288e-05 s; the "
+      "real run's messages take 2.8192e-05 s")),
     ("ring all-reduce sends 2n",
-     "you said the ranks send [8192, 8192, 8192, 8192] bytes; on 4 real ranks they sent "
-     "[6144, 6144, 6144, 6144] (ring all_reduce"),
+     ("you said the ranks send [8192, 8192, 8192, 8192] bytes; on 4 real ranks they sent "
+      "[6144, 6144, 6144, 6144] (ring all_reduce")),
     ("every rank sends in a tree broadcast",
-     "you said the ranks send [4096, 4096, 4096, 4096] bytes; on 4 real ranks they sent "
-     "[8192, 4096, 0, 0] (tree broadcast"),
+     ("you said the ranks send [4096, 4096, 4096, 4096] bytes; on 4 real ranks they sent "
+      "[8192, 4096, 0, 0] (tree broadcast")),
     ("nbytes taken as one rank's input to all-gather",
-     "you said the ranks send [12288, 12288, 12288, 12288] bytes; on 4 real ranks they sent "
-     "[3072, 3072, 3072, 3072] (ring all_gather"),
+     ("you said the ranks send [12288, 12288, 12288, 12288] bytes; on 4 real ranks they sent "
+      "[3072, 3072, 3072, 3072] (ring all_gather")),
     ("bytes as floats", "[0] is [6144.0, 6144.0, 6144.0, 6144.0]; it must be a list of 4 ints"),
     ("seconds by rank", "1e-09)[1] is [6.6144"),
     ("a list, not a tuple", "returned list; return a tuple"),

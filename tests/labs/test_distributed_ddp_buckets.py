@@ -35,7 +35,8 @@ def flawed(flaw):
                 bucket, total = [], 0
             bucket.append(n)
             total += size[n]
-            if flaw != "closes before it would overflow" and total >= limit:
+            past = total > limit if flaw == "closes only past the cap" else total >= limit
+            if flaw != "closes before it would overflow" and past:
                 rebuilt.append(bucket)
                 bucket, total = [], 0
         if bucket:
@@ -51,14 +52,13 @@ def flawed(flaw):
 
 @pytest.mark.parametrize("flaw, phrase", [
     ("first iteration already bucketed",
-     "in the first iteration: you predicted 2 bucket(s) [4.bias, 4.weight, 2.bias, 2.weight | "
-     "0.bias, 0.weight]; DDP all-reduced 1: [0.weight, 0.bias, 2.weight, 2.bias, 4.weight, "
-     "4.bias]"),
+     ("in the first iteration: you predicted 2 bucket(s) [4.bias, 4.weight, 2.bias, 2.weight | "
+      "0.bias, 0.weight]; DDP all-reduced 1: [0.weight, 0.bias, 2.weight, 2.bias, 4.weight, "
+      "4.bias]")),
     ("closes before it would overflow",
-     "after DDP rebuilt its buckets (iteration 2 on): you predicted 3 bucket(s) [4.bias, "
-     "4.weight, 2.bias | 2.weight | 0.bias, 0.weight]; DDP all-reduced 2"),
-    ("a list", "predict_buckets returned list; return a dict with the keys 'first' and "
-               "'rebuilt'"),
+     ("after DDP rebuilt its buckets (iteration 2 on): you predicted 3 bucket(s) [4.bias, "
+      "4.weight, 2.bias | 2.weight | 0.bias, 0.weight]; DDP all-reduced 2")),
+    ("a list", "predict_buckets returned list; return a dict with the keys 'first' and 'rebuilt'"),
 ])
 def test_wrong_answers_fail(flaw, phrase):
     v = assert_rejected(EX, flawed(flaw), phrase)
@@ -68,12 +68,13 @@ def test_wrong_answers_fail(flaw, phrase):
 @pytest.mark.parametrize("flaw, phrase", [
     ("frozen included", "with layer 1 frozen, bucket_cap_mb=0.0209, in the first iteration"),
     ("reverse registration order",
-     "a module whose layers run in another order than they were defined in, bucket_cap_mb=0.01, "
-     "after DDP rebuilt its buckets (iteration 2 on): you predicted 2 bucket(s) [out.bias, "
-     "out.weight, early.bias"),
+     ("a module whose layers run in another order than they were defined in, bucket_cap_mb=0.01, "
+      "after DDP rebuilt its buckets (iteration 2 on): you predicted 2 bucket(s) [out.bias, "
+      "out.weight, early.bias")),
+    ("closes only past the cap", "(the last layer exactly), after DDP rebuilt its buckets"),
     ("no 1 MiB first bucket",
-     "the default bucket_cap_mb (None), after DDP rebuilt its buckets (iteration 2 on): you "
-     "predicted 1 bucket(s)"),
+     ("the default bucket_cap_mb (None), after DDP rebuilt its buckets (iteration 2 on): you "
+      "predicted 1 bucket(s)")),
 ])
 def test_wrong_answers_fail_on_hidden_cases(flaw, phrase):
     v = assert_rejected(EX, flawed(flaw), phrase)

@@ -14,7 +14,6 @@ compute_bucket_assignment_by_size.)"""
 from __future__ import annotations
 
 import copy
-import itertools
 
 import torch
 import torch.distributed as dist
@@ -22,8 +21,10 @@ from torch import nn
 
 from grader.checks import CheckFailure, check
 from labs.distributed.launch import run
+from labs.distributed.models import mlp
 
 EXERCISE = "distributed.ddp-buckets"
+MIB = 1024 * 1024
 
 
 class Crossed(nn.Module):
@@ -47,16 +48,8 @@ class Crossed(nn.Module):
         return x
 
 
-def _mlp(widths: list[int], g: torch.Generator, frozen: int | None = None) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for a, b in itertools.pairwise(widths):
-        layers += [nn.Linear(a, b), nn.ReLU()]
-    model = nn.Sequential(*layers[:-1])
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.05)
-    if frozen is not None:
-        model[2 * frozen].requires_grad_(False)
+def _frozen(model: nn.Sequential, layer: int) -> nn.Sequential:
+    model[2 * layer].requires_grad_(False)
     return model
 
 
@@ -109,7 +102,7 @@ def _short(buckets: list[list]) -> str:
 def small_mlp(predict_buckets, ctx):
     """DDP's buckets for an MLP with bucket_cap_mb=0.01, iterations 1 and 2"""
     g = torch.Generator().manual_seed(ctx.seed)
-    model = _mlp([32, 64, 64, 10], g)
+    model = mlp([32, 64, 64, 10], g)
     _compare(predict_buckets, model, torch.randn(4, 32, generator=g), 0.01,
              "Sequential(32 -> 64 -> 64 -> 10), bucket_cap_mb=0.01")
 
@@ -120,14 +113,17 @@ def seeded_models(predict_buckets, ctx):
     g = torch.Generator().manual_seed(ctx.seed)
     widths = [int(w) for w in torch.randint(8, 80, (5,), generator=g)]
     cap = float(torch.empty(()).uniform_(0.005, 0.03, generator=g))
+    exact = (widths[-2] + 1) * widths[-1] * 4 / MIB  # (a power of 2 apart: exact in a float)
     cases = [
-        (_mlp(widths, g), f"a seeded MLP {widths}, bucket_cap_mb={cap:.4f}", cap, widths[0]),
-        (_mlp(widths, g, frozen=1),
+        (mlp(widths, g), f"a seeded MLP {widths}, bucket_cap_mb={cap:.4f}", cap, widths[0]),
+        (_frozen(mlp(widths, g), 1),
          f"the MLP {widths} with layer 1 frozen, bucket_cap_mb={cap:.4f}", cap, widths[0]),
+        (mlp(widths, g), f"the MLP {widths}, bucket_cap_mb={exact} (the last layer exactly)",
+         exact, widths[0]),
         (Crossed(48, g),
          ("a module whose layers run in another order than they were defined in, "
           "bucket_cap_mb=0.01"), 0.01, 48),
-        (_mlp([600, 640, 600, 8], g),
+        (mlp([600, 640, 600, 8], g),
          "an MLP of 3.1 MB with the default bucket_cap_mb (None)", None, 600),
     ]
     for model, what, cap, width in cases:

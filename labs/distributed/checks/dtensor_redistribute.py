@@ -13,6 +13,9 @@ Partial._reduce_shard_value.)"""
 
 from __future__ import annotations
 
+import os
+import traceback
+
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -25,6 +28,7 @@ from torch.distributed.tensor import (
     distribute_tensor,
 )
 from torch.distributed.tensor.debug import CommDebugMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from grader.checks import CheckFailure, check, plain_tensor
 from labs.distributed.checks._comms import KINDS, describe
@@ -55,6 +59,24 @@ def _counts(mode: CommDebugMode) -> dict[str, int]:
     return found
 
 
+class _DTensorIssued(TorchDispatchMode):
+    """Notes the first c10d op issued from DTensor's own code (``torch/distributed/tensor/``,
+    its debug tools aside): an answer that lets DTensor redistribute for it."""
+
+    def __init__(self):
+        super().__init__()
+        self.where = ""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace in ("c10d", "_c10d_functional") and not self.where:
+            for frame in traceback.extract_stack():
+                path = frame.filename.replace(os.sep, "/")
+                if "torch/distributed/tensor/" in path and "/debug/" not in path:
+                    self.where = f"torch/{path.split('/torch/', 1)[-1]}: {frame.name}"
+                    break
+        return func(*args, **(kwargs or {}))
+
+
 def _source(full: torch.Tensor, mesh, src: tuple[Placement, ...], seed: int) -> torch.Tensor:
     """This rank's local tensor of a DTensor placed as ``src``: ``full`` sharded and
     replicated, then along each Partial mesh dimension split into seeded random parts."""
@@ -78,11 +100,16 @@ def _on_rank(redistribute, seed: int, cases: dict, shape: tuple[int, int]) -> No
             source = DTensor.from_local(local, mesh, src, run_check=False)
             with CommDebugMode() as oracle:
                 want = source.redistribute(mesh, dst).to_local()
-            with CommDebugMode() as mode:
+            with CommDebugMode() as mode, _DTensorIssued() as issued:
                 got = redistribute(local.clone(), mesh, src, dst)
             what = (f"{name(src)} -> {name(dst)} on a mesh of shape {mesh_shape} (a tensor of "
                     f"shape {list(shape)}, rank {dist.get_rank()} at mesh coordinate "
                     f"{tuple(mesh.get_coordinate())})")
+            if issued.where:
+                raise CheckFailure(
+                    f"for {what}, DTensor's own code issued a collective ({issued.where}): "
+                    "redistribute the local tensor yourself, with collectives on the groups of "
+                    "the mesh's dimensions.")
             plain_tensor(got, f"for {what}, the value redistribute returned")
             if got.shape != want.shape:
                 raise CheckFailure(f"for {what}, your local tensor has shape {list(got.shape)}; "

@@ -13,7 +13,6 @@ still running (before the last gradient is accumulated), so communication overla
 from __future__ import annotations
 
 import copy
-import itertools
 
 import torch
 import torch.distributed as dist
@@ -22,6 +21,7 @@ from torch import nn
 from grader.checks import CheckFailure, check
 from labs.distributed.checks._comms import CommLog, describe
 from labs.distributed.launch import run
+from labs.distributed.models import mlp
 
 EXERCISE = "distributed.mini-ddp"
 STEPS, LR = 3, 0.1
@@ -126,22 +126,11 @@ def _compare(MiniDDP, model: nn.Module, cap: float, p: int, g: torch.Generator, 
             f"averaged over the ranks, not summed, and written back into .grad?): {m}"))
 
 
-def _mlp(widths: list[int], g: torch.Generator) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for a, b in itertools.pairwise(widths):
-        layers += [nn.Linear(a, b), nn.Tanh()]
-    model = nn.Sequential(*layers[:-1])
-    with torch.no_grad():
-        for q in model.parameters():
-            q.copy_(torch.randn(q.shape, generator=g) * 0.3)
-    return model
-
-
 @check(EXERCISE)
 def two_ranks(MiniDDP, ctx):
     """2 ranks, an MLP in 2 buckets: buckets, one all-reduce each, overlap, SGD as one process"""
     g = torch.Generator().manual_seed(ctx.seed)
-    _compare(MiniDDP, _mlp([16, 32, 32, 4], g), 0.004, 2, g,
+    _compare(MiniDDP, mlp([16, 32, 32, 4], g), 0.004, 2, g,
              "Sequential(16 -> 32 -> 32 -> 4) on 2 ranks, bucket_cap_mb=0.004")
 
 
@@ -150,10 +139,13 @@ def three_ranks_and_a_frozen_layer(MiniDDP, ctx):
     """3 ranks, seeded widths and caps, a frozen layer"""
     g = torch.Generator().manual_seed(ctx.seed)
     widths = [int(w) for w in torch.randint(12, 40, (5,), generator=g)]
-    model = _mlp(widths, g)
+    model = mlp(widths, g)
     cap = float(torch.empty(()).uniform_(0.002, 0.006, generator=g))
     _compare(MiniDDP, model, cap, 3, g, f"a seeded MLP {widths} on 3 ranks, "
              f"bucket_cap_mb={cap:.4f}")
+    exact = (widths[-2] + 1) * widths[-1] * 4 / MIB  # (a power of 2 apart: exact in a float)
+    _compare(MiniDDP, model, exact, 2, g, f"the MLP {widths} on 2 ranks, bucket_cap_mb={exact} "
+             "(the last layer's size exactly)")
     model[2].requires_grad_(False)
     _compare(MiniDDP, model, cap, 2, g, f"the MLP {widths} with layer 1 frozen on 2 ranks, "
              f"bucket_cap_mb={cap:.4f}")

@@ -1,0 +1,257 @@
+"""labs/distributed/launch.py: ``run`` returns what each rank returned, by rank; a rank that
+raises, exits, is killed or hangs is reported by rank with what it did and where (the root cause,
+not the peer that lost its connection to it); the stub's NotImplementedError comes back as such;
+a process group left initialized in the calling process is refused and destroyed; and whatever
+happens, no rank, no process a rank started and no temporary folder outlives the call. Each run
+forks real ranks on gloo (about 0.1 s); timeouts are short."""
+import inspect
+import linecache
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+import torch.distributed as dist
+
+from grader.checks import CheckFailure
+from labs.distributed.launch import RankFailure, run
+
+
+@pytest.fixture(autouse=True)
+def leaves_nothing_behind(tmp_path, monkeypatch):
+    """Every test: no child process and no ``ranks-*`` folder outlives it. (The temporary
+    folder is this test's own, so that runs in other test processes do not show up in it.)"""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    folders = set(Path(tempfile.gettempdir()).glob("ranks-*"))
+    yield
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    assert not left, left
+    assert set(Path(tempfile.gettempdir()).glob("ranks-*")) == folders
+
+
+def _line(fn, text):
+    """The line number of the line of ``fn`` that contains ``text``."""
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+# ------------------------------------------------------------------ results
+def _sum_and_env(k):
+    rank = dist.get_rank()
+    x = torch.full((3,), float(rank))
+    dist.all_reduce(x)
+    env = {v: os.environ[v] for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    return {"rank": rank, "sum": x * k, "env": env, "threads": torch.get_num_threads()}
+
+
+def test_values_come_back_by_rank_with_torchruns_environment():
+    values = run(_sum_and_env, 3, 2, timeout=5, echo=False)
+    assert [v["rank"] for v in values] == [0, 1, 2]
+    for r, v in enumerate(values):
+        assert torch.equal(v["sum"], torch.full((3,), 6.0))  # 2 * (0 + 1 + 2)
+        assert v["env"] == {"RANK": str(r), "WORLD_SIZE": "3", "LOCAL_RANK": str(r),
+                            "LOCAL_WORLD_SIZE": "3"}
+        assert v["threads"] == 1
+
+
+def _prints():
+    print(f"hello from {dist.get_rank()}")
+    print("second line")
+
+
+def test_echo_prints_each_ranks_output_prefixed_and_echo_false_prints_nothing(capsys):
+    run(_prints, 2, timeout=5)
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["[rank 0] hello from 0", "[rank 0] second line",
+                   "[rank 1] hello from 1", "[rank 1] second line"]
+    run(_prints, 2, timeout=5, echo=False)
+    assert capsys.readouterr() == ("", "")
+
+
+def test_two_runs_at_once_share_no_store_and_no_port():
+    results, errors = {}, []
+
+    def call(k):
+        try:
+            results[k] = run(_sum_and_env, 2, k, timeout=10, echo=False)
+        except Exception as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call, args=(k,)) for k in (1, 10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for k in (1, 10):
+        assert [v["sum"].tolist() for v in results[k]] == [[float(k)] * 3] * 2
+
+
+# ------------------------------------------------------------------ failures
+def _raises_after_its_peer_lost_it():
+    if dist.get_rank() == 1:  # (rank 0's lost connection is reported first)
+        dist.destroy_process_group()
+        time.sleep(0.3)
+        raise ValueError("the real cause")
+    dist.recv(torch.zeros(2), 1)
+
+
+def test_the_rank_that_raised_is_blamed_not_the_peer_that_lost_it():
+    with pytest.raises(RankFailure) as info:
+        run(_raises_after_its_peer_lost_it, 2, timeout=5, echo=False)
+    e = info.value
+    assert (e.rank, e.exception) == (1, "ValueError")
+    assert str(e).startswith("rank 1 raised ValueError: the real cause"), str(e)
+    assert "(then rank 0 failed too, waiting for it)" in str(e)
+    assert "Connection" not in str(e)
+
+
+def _exits():
+    if dist.get_rank() == 1:
+        os._exit(3)
+    dist.recv(torch.zeros(2), 1)
+
+
+def _killed():
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.recv(torch.zeros(2), 1)
+
+
+@pytest.mark.parametrize("fn, what", [(_exits, "exited (exit code 3)"),
+                                      (_killed, "was killed by SIGKILL")])
+def test_a_rank_that_ends_without_a_result_is_named(fn, what):
+    with pytest.raises(RankFailure) as info:
+        run(fn, 2, timeout=5, echo=False)
+    assert str(info.value).startswith(f"rank 1 {what} before returning a result"), info.value
+    assert (info.value.rank, info.value.exception) == (1, "")
+
+
+def _waits():
+    if dist.get_rank() == 1:
+        time.sleep(60)
+    dist.recv(torch.zeros(2), 1)
+
+
+def test_ranks_that_hang_are_stopped_and_named_with_where_they_were():
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        run(_waits, 2, timeout=2, echo=False)
+    assert time.monotonic() - start < 5
+    msg = str(info.value)
+    assert msg.startswith("these ranks did not finish within 2 s and were stopped: "), msg
+    assert (f"rank 0 in _waits (line {_line(_waits, 'dist.recv')}), "
+            f"rank 1 in _waits (line {_line(_waits, 'time.sleep')})") in msg, msg
+    assert info.value.rank == 0
+
+
+def _stub():
+    raise NotImplementedError("distributed.ring-allreduce")
+
+
+def test_the_stub_is_re_raised_as_the_stub():
+    with pytest.raises(NotImplementedError) as info:
+        run(_stub, 2, timeout=5, echo=False)
+    assert info.value.args == ("distributed.ring-allreduce",)
+
+
+def _unpicklable():
+    return lambda: dist.get_rank()
+
+
+def test_a_value_that_cannot_be_pickled_is_reported():
+    with pytest.raises(RankFailure, match="returned a value that cannot be sent back to the "
+                                          "notebook") as info:
+        run(_unpicklable, 2, timeout=5, echo=False)
+    assert "return plain data" in str(info.value)
+
+
+def test_a_process_group_of_the_calling_process_is_refused_and_destroyed():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(CheckFailure, match="a process group was initialized in the "
+                                               "notebook's own process"):
+            run(_sum_and_env, 2, 1, timeout=5, echo=False)
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert [v["rank"] for v in run(_sum_and_env, 2, 1, timeout=5, echo=False)] == [0, 1]
+
+
+def _sleeps():
+    time.sleep(60)
+
+
+def test_an_interrupt_stops_the_ranks():
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals are delivered to the main thread only")
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    start = time.monotonic()
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run(_sleeps, 2, timeout=30, echo=False)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert time.monotonic() - start < 5
+
+
+def _starts_a_process_and_hangs(pid_file):
+    if dist.get_rank() == 0:
+        Path(pid_file).write_text(str(subprocess.Popen(["sleep", "60"]).pid))
+    time.sleep(60)
+
+
+def test_a_process_a_rank_started_dies_with_it(tmp_path):
+    pid_file = tmp_path / "grandchild"
+    with pytest.raises(RankFailure, match="did not finish within 1 s"):
+        run(_starts_a_process_and_hangs, 2, str(pid_file), timeout=1, echo=False)
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:  # (killed; reaped by whichever process adopted it)
+        try:
+            if psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"the process rank 0 started ({grandchild}) is still running")
+
+
+# ------------------------------------------------------------------ through the grader
+CELL = '''def ring_all_reduce(tensor):
+    rank = dist.get_rank()
+    if rank == 1:
+        raise ValueError("chunk sizes do not add up")
+    dist.recv(tensor, 1)
+'''
+
+
+def test_an_answer_that_raises_on_a_rank_is_an_error_with_the_learners_line():
+    from grader.checks import run_checks
+
+    cell = "/tmp/ipykernel_4242/2718281828.py"  # (as ipykernel names a cell's code)
+    linecache.cache[cell] = (len(CELL), None, CELL.splitlines(True), cell)
+    try:
+        namespace = {"dist": dist}
+        exec(compile(CELL, cell, "exec"), namespace)
+        v = run_checks("distributed.ring-allreduce", namespace["ring_all_reduce"], seed=0)
+    finally:
+        del linecache.cache[cell]
+    assert v.status == "error", v.message
+    assert ("rank 1 raised ValueError: chunk sizes do not add up at line 4 of your cell: "
+            '`raise ValueError("chunk sizes do not add up")`') in v.message, v.message

@@ -1,0 +1,167 @@
+"""distributed.mini-ddp: plausible wrong MiniDDP classes fail, called directly through
+run_checks. Each is the reference answer (rewritten with methods, so that one step can be
+overridden) with one step changed. The reference and the stub are tested for every exercise in
+test_exercise_contract.py."""
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tests.conftest import assert_rejected
+
+EX = "distributed.mini-ddp"
+
+
+class MiniDDP(nn.Module):
+    """The reference answer, one method per step."""
+
+    def __init__(self, module, bucket_cap_mb=25.0):
+        super().__init__()
+        self.module = module
+        self.buckets = self._bucket(self._params(module), bucket_cap_mb * 1024 * 1024)
+        self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
+        self._ready, self._works, self._queued = [0] * len(self.buckets), [], False
+        for p in module.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._grad_ready)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def _params(self, module):
+        return reversed([p for p in module.parameters() if p.requires_grad])
+
+    def _bucket(self, params, cap):
+        buckets, bucket, size = [], [], 0
+        for p in params:
+            bucket.append(p)
+            size += p.numel() * p.element_size()
+            if size >= cap:
+                buckets.append(bucket)
+                bucket, size = [], 0
+        return buckets + ([bucket] if bucket else [])
+
+    def _grad_ready(self, p):
+        if not self._queued:
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            self._queued = True
+        i = self._bucket_of[id(p)]
+        self._ready[i] += 1
+        if self._ready[i] == len(self.buckets[i]):
+            self._launch(i)
+
+    def _launch(self, i):
+        flat = torch.cat([q.grad.reshape(-1) for q in self.buckets[i]])
+        self._works.append((i, flat, dist.all_reduce(flat, async_op=True)))
+
+    def _average(self, flat):
+        flat /= dist.get_world_size()
+
+    def _finish(self):
+        for i, flat, work in self._works:
+            work.wait()
+            self._average(flat)
+            offset = 0
+            for q in self.buckets[i]:
+                q.grad.copy_(flat[offset:offset + q.numel()].view_as(q))
+                offset += q.numel()
+        self._reset()
+
+    def _reset(self):
+        self._works, self._ready, self._queued = [], [0] * len(self.buckets), False
+
+
+class OneAllReducePerParameter(MiniDDP):
+    def _launch(self, i):
+        for q in self.buckets[i]:
+            flat = q.grad.reshape(-1)  # (a view of .grad: the all-reduce writes into it)
+            self._works.append((None, flat, dist.all_reduce(flat, async_op=True)))
+
+    def _finish(self):
+        for _, flat, work in self._works:
+            work.wait()
+            self._average(flat)
+        self._reset()
+
+
+class Summed(MiniDDP):
+    def _average(self, flat):
+        pass
+
+
+class AllReducedAfterBackward(MiniDDP):
+    """Waits for every gradient, then all-reduces the buckets from the final callback."""
+
+    def _launch(self, i):
+        pass
+
+    def _finish(self):
+        for i in range(len(self.buckets)):
+            MiniDDP._launch(self, i)
+        super()._finish()
+
+
+class NeverResets(MiniDDP):
+    """Never resets its per-bucket counts: only the first backward all-reduces anything."""
+
+    def _reset(self):
+        self._works, self._queued = [], False
+
+
+class ForwardOrder(MiniDDP):
+    def _params(self, module):
+        return [p for p in module.parameters() if p.requires_grad]
+
+
+class WrapsDDP(MiniDDP):
+    def __init__(self, module, bucket_cap_mb=25.0):
+        nn.Module.__init__(self)
+        self.buckets = self._bucket(self._params(module), bucket_cap_mb * 1024 * 1024)
+        self.module = nn.parallel.DistributedDataParallel(module, bucket_cap_mb=bucket_cap_mb)
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (OneAllReducePerParameter, ("backward 1 issued 6 all_reduce; DDP issues one all_reduce per "
+                                "bucket: 2 here")),
+    (Summed, ("differs from 3 steps on the whole batch in one process (are the gradients "
+              "averaged over the ranks, not summed")),
+    (AllReducedAfterBackward, ("issued its first all-reduce after all 6 gradients were ready: "
+                               "nothing overlapped")),
+    (NeverResets, "backward 2 issued none; DDP issues one all_reduce per bucket: 2 here"),
+    (ForwardOrder, "with parameters in reverse order, a bucket closing once it holds 0.004 MiB"),
+    (WrapsDDP, "MiniDDP wraps torch's DistributedDataParallel"),
+])
+def test_wrong_answers_fail(answer, phrase):
+    v = assert_rejected(EX, answer, phrase)
+    assert v.message.startswith("check 1/2"), v.message
+
+
+class BucketsFrozenParameters(MiniDDP):
+    """Buckets every parameter (hooks only on those that require grad: the others refuse one)."""
+
+    def _params(self, module):
+        return reversed(list(module.parameters()))
+
+
+class ClosesOnlyPastTheCap(MiniDDP):
+    """Closes a bucket once it holds more than the cap (DDP closes it once it holds the cap)."""
+
+    def _bucket(self, params, cap):
+        buckets, bucket, size = [], [], 0
+        for p in params:
+            bucket.append(p)
+            size += p.numel() * p.element_size()
+            if size > cap:
+                buckets.append(bucket)
+                bucket, size = [], 0
+        return buckets + ([bucket] if bucket else [])
+
+
+def test_closing_only_past_the_cap_fails_on_a_hidden_case():
+    v = assert_rejected(EX, ClosesOnlyPastTheCap, "(the last layer's size exactly)")
+    assert v.message.startswith("hidden check 2/2") and "MiniDDP.buckets is" in v.message
+
+
+def test_bucketing_frozen_parameters_fails_on_a_hidden_case():
+    v = assert_rejected(EX, BucketsFrozenParameters, "with layer 1 frozen on 2 ranks")
+    assert v.message.startswith("hidden check 2/2") and "MiniDDP.buckets is" in v.message

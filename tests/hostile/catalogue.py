@@ -375,10 +375,12 @@ for _path in [p for p in _cache.rglob("*") if p.is_file() and "precompiled_heade
 (_cache / "fxgraph" / "zz" / "planted").write_bytes(b"poisoned by a submission")
 """
 
-# lab 5: ranks that misbehave. Rank 1 sleeps in the ring (rank 0 waits for its message), rank 1
+# lab 5: ranks that misbehave. Rank 1 sleeps in the ring (the others wait for its message; only
+# on the check's 12 elements, not the demo's 10, so that the fixture waits once), rank 1
 # of MiniDDP's ranks exits as it is built, and a process group is initialized in the kernel
 # itself, where every rank forked from it would inherit it. Each costs its own exercise only.
-_HANGING_RANK = ("_honest = {name}\n\n\ndef {name}(tensor):\n    if dist.get_rank() == 1:\n"
+_HANGING_RANK = ("_honest = {name}\n\n\ndef {name}(tensor):\n"
+                 "    if dist.get_rank() == 1 and tensor.numel() == 12:\n"
                  "        import time\n        time.sleep(3600)\n    _honest(tensor)")
 _EXITING_RANK = ("class _Leaving({name}):\n    def __init__(self, *args, **kwargs):\n"
                  "        if dist.get_rank() == 1:\n            import os\n            os._exit(0)\n"

@@ -107,8 +107,10 @@ def run(fn, world_size: int, *args, timeout: float = TIMEOUT, backend: str = "gl
             raise _failure(failed, timeout)
         return [r.value for r in ranks]
     finally:
-        for r in ranks:
+        for r in ranks:  # (all at once: a rank that outlives a peer reports the lost peer)
             r.kill()
+        for r in ranks:
+            r.reap()
         if echo:
             for r in ranks:
                 for line in r.output().splitlines():
@@ -138,7 +140,10 @@ class _Rank:
             code = self.process.exitcode
             how = (f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0
                    else f"exited (exit code {code})")
-            self.failure = {"what": f"{how} before returning a result"}
+            last = next((line.strip() for line in reversed(self.output().splitlines())
+                         if line.strip()), "")
+            said = f"; the last thing it printed: {last[-300:]}" if last else ""
+            self.failure = {"what": f"{how} before returning a result{said}"}
         else:
             if kind == "ok":
                 self.value = payload
@@ -151,10 +156,11 @@ class _Rank:
         if self.process.pid is not None and self.process.exitcode is None:
             for kill in (lambda: os.killpg(self.process.pid, signal.SIGKILL),
                          lambda: os.kill(self.process.pid, signal.SIGKILL)):
-                try:
+                with contextlib.suppress(OSError):
                     kill()
-                except OSError:
-                    pass
+
+    def reap(self) -> None:
+        """Wait for the killed process (no zombie is left) and close the pipe."""
         self.process.join(5)
         self.conn.close()
 
@@ -225,7 +231,8 @@ def _failure(failed: list[_Rank], timeout: float) -> Exception:
     return RankFailure(
         f"{'these ranks' if len(failed) > 1 else 'a rank'} did not finish within {timeout:g} s "
         f"and were stopped: {names}. A rank that waits for a message no other rank sends (a "
-        "recv without its send, a collective that not every rank calls) waits forever.",
+        "recv without its send, two blocking sends facing each other, a collective that not "
+        "every rank calls) waits forever.",
         failed[0].rank)
 
 
@@ -299,6 +306,7 @@ def _describe(exc: BaseException) -> dict:
     if lost_peer:  # (gloo's message starts with its source path and ends with a pun)
         evalue = _LOST_PEER.search(evalue).group(0)
     what = f"raised {explain(ename, evalue)}{learner_line(exc)}"
+    what += "".join(f" ({note})" for note in getattr(exc, "__notes__", []))
     traceback.print_exception(exc)  # (into the rank's log)
     return {"what": what, "exception": ename, "oom": out_of_memory(ename, evalue),
             "lost_peer": lost_peer}

@@ -239,8 +239,8 @@ def ring_allreduce(world_size: int = 4) -> Figure:
     ax.set_title(
         f"ring all-reduce on {p} ranks: {p - 1} reduce-scatter steps (receiver adds), "
         f"{p - 1} all-gather steps (receiver overwrites);\neach step every rank sends one "
-        f"chunk (red arrow) to rank r+1: {2 * (p - 1)} chunks of n/{p} = "
-        f"{2 * (p - 1) / p:.3g}·n bytes per rank, whatever p",
+        f"chunk (red arrow) to rank r+1: {2 * (p - 1)} chunks of n/{p}, "
+        f"{2 * (p - 1) / p:.3g}·n elements per rank (2(p-1)/p·n: under 2n for any p)",
         fontsize=9,
     )
     handles = [

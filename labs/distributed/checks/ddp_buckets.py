@@ -100,16 +100,19 @@ def _short(buckets: list[list]) -> str:
 
 @check(EXERCISE)
 def small_mlp(predict_buckets, ctx):
-    """DDP's buckets for an MLP with bucket_cap_mb=0.01, iterations 1 and 2"""
+    """DDP's buckets in iterations 1 and 2 of an MLP and of layers run out of order"""
     g = torch.Generator().manual_seed(ctx.seed)
     model = mlp([32, 64, 64, 10], g)
     _compare(predict_buckets, model, torch.randn(4, 32, generator=g), 0.01,
              "Sequential(32 -> 64 -> 64 -> 10), bucket_cap_mb=0.01")
+    _compare(predict_buckets, Crossed(48, g), torch.randn(2, 48, generator=g), 0.01,
+             "Crossed(48): layers defined inp, late, early, out and run inp, early, late, out; "
+             "bucket_cap_mb=0.01")
 
 
 @check(EXERCISE, hidden=True)
 def seeded_models(predict_buckets, ctx):
-    """DDP's buckets for seeded MLPs, a frozen layer, layers used out of order, the default cap"""
+    """DDP's buckets of seeded MLPs and caps, a frozen layer, a cap met exactly, the default cap"""
     g = torch.Generator().manual_seed(ctx.seed)
     widths = [int(w) for w in torch.randint(8, 80, (5,), generator=g)]
     cap = float(torch.empty(()).uniform_(0.005, 0.03, generator=g))
@@ -120,9 +123,6 @@ def seeded_models(predict_buckets, ctx):
          f"the MLP {widths} with layer 1 frozen, bucket_cap_mb={cap:.4f}", cap, widths[0]),
         (mlp(widths, g), f"the MLP {widths}, bucket_cap_mb={exact} (the last layer exactly)",
          exact, widths[0]),
-        (Crossed(48, g),
-         ("a module whose layers run in another order than they were defined in, "
-          "bucket_cap_mb=0.01"), 0.01, 48),
         (mlp([600, 640, 600, 8], g),
          "an MLP of 3.1 MB with the default bucket_cap_mb (None)", None, 600),
     ]

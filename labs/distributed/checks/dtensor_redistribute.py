@@ -100,11 +100,15 @@ def _on_rank(redistribute, seed: int, cases: dict, shape: tuple[int, int]) -> No
             source = DTensor.from_local(local, mesh, src, run_check=False)
             with CommDebugMode() as oracle:
                 want = source.redistribute(mesh, dst).to_local()
-            with CommDebugMode() as mode, _DTensorIssued() as issued:
-                got = redistribute(local.clone(), mesh, src, dst)
             what = (f"{name(src)} -> {name(dst)} on a mesh of shape {mesh_shape} (a tensor of "
                     f"shape {list(shape)}, rank {dist.get_rank()} at mesh coordinate "
                     f"{tuple(mesh.get_coordinate())})")
+            with CommDebugMode() as mode, _DTensorIssued() as issued:
+                try:
+                    got = redistribute(local.clone(), mesh, src, dst)
+                except Exception as exc:  # (the verdict says which case it raised on)
+                    exc.add_note(f"for {what}")
+                    raise
             if issued.where:
                 raise CheckFailure(
                     f"for {what}, DTensor's own code issued a collective ({issued.where}): "

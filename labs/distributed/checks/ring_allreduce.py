@@ -36,9 +36,13 @@ def _on_rank(ring_all_reduce, seed: int, cases: list[tuple]) -> None:
         want = mine.clone()
         dist.all_reduce(want)
         got = mine.clone()
-        with CommLog() as log:
-            returned = ring_all_reduce(got)
         what = f"a {dtype} tensor of shape {list(shape)} at world size {p}"
+        with CommLog() as log:
+            try:
+                returned = ring_all_reduce(got)
+            except Exception as exc:  # (the verdict says which case it raised on)
+                exc.add_note(f"for {what}")
+                raise
         collectives = {k: n for k, n in log.counts().items() if k not in ("send", "recv")}
         if collectives:
             raise CheckFailure(

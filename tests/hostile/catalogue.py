@@ -383,7 +383,8 @@ _HANGING_RANK = ("_honest = {name}\n\n\ndef {name}(tensor):\n"
                  "    if dist.get_rank() == 1 and tensor.numel() == 12:\n"
                  "        import time\n        time.sleep(3600)\n    _honest(tensor)")
 _EXITING_RANK = ("class _Leaving({name}):\n    def __init__(self, *args, **kwargs):\n"
-                 "        if dist.get_rank() == 1:\n            import os\n            os._exit(0)\n"
+                 "        if dist.get_rank() == 1:\n"
+                 "            import os\n            os._exit(0)\n"
                  "        super().__init__(*args, **kwargs)\n\n\n{name} = _Leaving")
 _LEAKED_GROUP = 'dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)'
 
@@ -433,24 +434,23 @@ FIXTURES = [
              "op-trace": ("error", "raised SystemExit: 1 (sys.exit() and raise SystemExit end"),
              "key-priority": ("error", "raised SystemExit (sys.exit() and raise SystemExit end"),
              "custom-op": ("error", "raised KeyboardInterrupt (as if interrupted from the keyboard")}),
-    Fixture("stray-thread", "a thread left running after the answer cell", A,
-            after(A, "graph-walk", "import threading, time\nthreading.Thread(target=time.sleep, "
-                  "args=(3600,), name='spinner', daemon=True).start()"),
-            {"graph-walk": ("error", "left 1 thread(s) running ('spinner')")}),
-    Fixture("stray-process", "child processes left running, one of them detached (setsid)", A,
-            after(A, "engine", "import subprocess\n_child = subprocess.Popen(['sleep', '3607'])\n"
-                  "subprocess.run('setsid sleep 3608 &', shell=True)"),
-            {"engine": ("error", "left 2 child process(es) running (pid")}),
+    Fixture("strays", "a thread left running after one answer cell; child processes after "
+            "another, one of them detached (setsid)", A,
+            chain(after(A, "graph-walk", "import threading, time\nthreading.Thread("
+                        "target=time.sleep, args=(3600,), name='spinner', daemon=True).start()"),
+                  after(A, "engine", "import subprocess\n_child = subprocess.Popen(['sleep', "
+                        "'3607'])\nsubprocess.run('setsid sleep 3608 &', shell=True)")),
+            {"graph-walk": ("error", "left 1 thread(s) running ('spinner')"),
+             "engine": ("error", "left 2 child process(es) running (pid")}),
     # cheating and tampering
     Fixture("hidden-traceback", "showtraceback overridden to hide an error", A,
             before(A, "custom-function", "get_ipython().showtraceback = lambda *a, **k: None\n"
                    "get_ipython()._showtraceback = lambda *a, **k: None\n1 / 0"),
             {"custom-function": ("error", "ZeroDivisionError: division by zero")}),
-    Fixture("lying-eq", "an answer whose result says yes to every comparison", A,
-            after(A, "graph-walk", _LIAR_DICT), {"graph-walk": ("failed", "subclass")}),
-    Fixture("lying-tensor", "a tensor subclass that lies about its values", A,
-            after(A, "per-sample-grads", _LIAR_TENSOR),
-            {"per-sample-grads": ("failed", "subclass")}),
+    Fixture("lying-results", "an answer whose result says yes to every comparison, and a "
+            "tensor subclass that lies about its values", A,
+            chain(after(A, "graph-walk", _LIAR_DICT), after(A, "per-sample-grads", _LIAR_TENSOR)),
+            {"graph-walk": ("failed", "subclass"), "per-sample-grads": ("failed", "subclass")}),
     Fixture("patched-torch", "torch.allclose / assert_close patched to pass wrong answers", A,
             after(A, "per-sample-grads", _WRONG_GRADS),
             {"per-sample-grads": ("error", "the notebook replaced `torch.allclose`")}),
@@ -533,7 +533,8 @@ FIXTURES = [
             chain(stub(A, "engine"), _stale_outputs),
             {"engine": ("error", "autograd.engine is still the stub")}),
     Fixture("huge-notebook", "a notebook with 32 MB of embedded outputs", A, _huge, clean=True),
-    Fixture("unicode-path", "a path with spaces and non-ASCII characters", A, lambda nb: nb,
+    Fixture("unicode-path", "a path with spaces and non-ASCII characters, the file saved with a "
+            "byte-order mark and CR LF line endings (VS Code on Windows)", A, chain(_crlf, _bom),
             path="Zoë Müller/02_autograd.ipynb", clean=True),
     # what real learners' notebooks do (not hostile): each must cost nothing, or only its own
     # exercise with a message that says what to change
@@ -545,8 +546,6 @@ FIXTURES = [
     Fixture("default-tensor-type", "torch.set_default_tensor_type(DoubleTensor) after setup", D,
             learner_cell("setup", "torch.set_default_tensor_type(torch.DoubleTensor)"),
             clean=True),
-    Fixture("windows-editor", "a byte-order mark and CR LF line endings (VS Code on Windows)", A,
-            chain(_crlf, _bom), clean=True),
     Fixture("crlf-without-ids", "CR LF line endings in an nbformat 4.4 file without cell ids",
             D, chain(_crlf, _without_ids), clean=True),
     Fixture("trailing-comma", "a notebook whose JSON is broken by a trailing comma", A,

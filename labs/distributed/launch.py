@@ -307,6 +307,7 @@ def _describe(exc: BaseException) -> dict:
         evalue = _LOST_PEER.search(evalue).group(0)
     what = f"raised {explain(ename, evalue)}{learner_line(exc)}"
     what += "".join(f" ({note})" for note in getattr(exc, "__notes__", []))
-    traceback.print_exception(exc)  # (into the rank's log)
+    if not lost_peer:  # (into the rank's log; a lost peer's traceback only repeats the cause's)
+        traceback.print_exception(exc)
     return {"what": what, "exception": ename, "oom": out_of_memory(ename, evalue),
             "lost_peer": lost_peer}

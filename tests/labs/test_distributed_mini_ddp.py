@@ -120,7 +120,36 @@ class WrapsDDP(MiniDDP):
         self.module = nn.parallel.DistributedDataParallel(module, bucket_cap_mb=bucket_cap_mb)
 
 
+class WaitsInTheHook(MiniDDP):
+    """All-reduces each bucket with a blocking call from its hook: right values, no overlap."""
+
+    def _launch(self, i):
+        flat = torch.cat([q.grad.reshape(-1) for q in self.buckets[i]])
+        dist.all_reduce(flat)
+        self._works.append((i, flat, _Done()))
+
+
+class _Done:
+    def wait(self):
+        return True
+
+
+class CallbackOnce(MiniDDP):
+    """Queues its end-of-backward callback in the first backward only."""
+
+    def _grad_ready(self, p):
+        if not getattr(self, "_ever_queued", False):
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            self._ever_queued = True
+        i = self._bucket_of[id(p)]
+        self._ready[i] += 1
+        if self._ready[i] == len(self.buckets[i]):
+            self._launch(i)
+
+
 @pytest.mark.parametrize("answer, phrase", [
+    (WaitsInTheHook, "the hook waited for it, so nothing overlapped"),
+    (CallbackOnce, "rank 1 holds other gradients than rank 0 (backward 1 was right)"),
     (OneAllReducePerParameter, ("backward 1 issued 6 all_reduce; DDP issues one all_reduce per "
                                 "bucket: 2 here")),
     (Summed, ("differs from 3 steps on the whole batch in one process (are the gradients "

@@ -36,13 +36,15 @@ from labs.distributed.launch import run
 
 EXERCISE = "distributed.dtensor-redistribute"
 S0, S1, R, P = Shard(0), Shard(1), Replicate(), Partial()
-PUBLIC = {(4,): [((S0,), (R,)), ((P,), (R,)), ((R,), (S1,)), ((P,), (S0,))]}
+PUBLIC = {(4,): [((S0,), (R,)), ((P,), (R,)), ((R,), (S1,)), ((P,), (S0,))],
+          (2, 2): [((S0, S1), (R, R)), ((R, R), (S0, S1))]}
 HIDDEN = {
     (4,): [((S1,), (R,)), ((S0,), (S1,)), ((P,), (S1,))],
-    (2, 2): [((S0, R), (R, R)), ((S0, S1), (R, R)), ((P, R), (R, R)), ((P, P), (R, R)),
-             ((P, S0), (R, R)), ((R, R), (S0, S1)), ((S0, S1), (S1, S0)), ((P, P), (S0, S1)),
-             ((R, S0), (S0, R)), ((P, R), (S0, R)), ((S0, S0), (R, R)), ((R, R), (S1, S1)),
-             ((S0, S0), (S0, R))],
+    (2, 2): [((S0, R), (R, R)), ((P, R), (R, R)), ((P, P), (R, R)), ((P, S0), (R, R)),
+             ((S0, S1), (S1, S0)), ((P, P), (S0, S1)), ((R, S0), (S0, R)), ((P, R), (S0, R)),
+             # two mesh dimensions splitting one tensor dimension (nested shards)
+             ((S0, S0), (R, R)), ((R, R), (S1, S1)), ((S0, S0), (S0, R)), ((S0, S0), (R, S0)),
+             ((S1, S1), (R, S1)), ((S0, S1), (S1, S1)), ((R, S0), (S0, S0))],
 }
 
 
@@ -117,10 +119,14 @@ def _on_rank(redistribute, seed: int, cases: dict, shape: tuple[int, int]) -> No
             plain_tensor(got, f"for {what}, the value redistribute returned")
             if got.shape != want.shape:
                 raise CheckFailure(f"for {what}, your local tensor has shape {list(got.shape)}; "
-                                   f"DTensor's has shape {list(want.shape)}.")
+                                   f"DTensor's has shape {list(want.shape)} (a collective on "
+                                   "the whole world instead of the mesh dimension's group "
+                                   "mesh.get_group(i), or a chunk too many or too few?).")
             torch.testing.assert_close(got, want, msg=lambda m, what=what: (
                 f"for {what}, your local tensor differs from DTensor's (is each mesh "
-                f"dimension's shard the chunk at this rank's coordinate?): {m}"))
+                "dimension's shard the chunk at this rank's coordinate on that dimension, and "
+                "when two mesh dimensions split one tensor dimension, is the order of the "
+                f"gathers and chunks right?): {m}"))
             mine, theirs = _counts(mode), _counts(oracle)
             if mine != theirs:
                 raise CheckFailure(
@@ -129,14 +135,14 @@ def _on_rank(redistribute, seed: int, cases: dict, shape: tuple[int, int]) -> No
 
 
 @check(EXERCISE)
-def one_dimensional_mesh(redistribute, ctx):
-    """local shards and collectives as DTensor's on a 1-D mesh of 4 ranks"""
+def public_pairs(redistribute, ctx):
+    """local shards and collectives as DTensor's on meshes (4,) and (2, 2)"""
     run(_on_rank, 4, redistribute, ctx.seed, PUBLIC, (8, 12), echo=False)
 
 
 @check(EXERCISE, hidden=True)
-def two_dimensional_mesh(redistribute, ctx):
-    """local shards and collectives as DTensor's on meshes (4,) and (2, 2), seeded shapes"""
+def more_pairs(redistribute, ctx):
+    """local shards and collectives as DTensor's on more pairs, nested shards, seeded shapes"""
     g = torch.Generator().manual_seed(ctx.seed)
     shape = tuple(4 * int(k) for k in torch.randint(1, 5, (2,), generator=g))
     run(_on_rank, 4, redistribute, ctx.seed, HIDDEN, shape, echo=False)

@@ -13,6 +13,7 @@ still running (before the last gradient is accumulated), so communication overla
 from __future__ import annotations
 
 import copy
+import time
 
 import torch
 import torch.distributed as dist
@@ -25,6 +26,9 @@ from labs.distributed.models import mlp
 
 EXERCISE = "distributed.mini-ddp"
 STEPS, LR = 3, 0.1
+#: seconds the last rank starts its first backward late: a hook that waits for its all-reduce
+#: (a blocking call, or wait() in the hook) holds backward up that long on rank 0
+LATE = 0.5
 MIB = 1024 * 1024
 
 
@@ -42,15 +46,17 @@ def expected_buckets(module: nn.Module, bucket_cap_mb: float) -> list[list[str]]
 
 
 class _Issued(CommLog):
-    """A CommLog that also notes how many gradients were ready when each all-reduce was issued."""
+    """A CommLog that also notes, for each all-reduce, how many gradients were ready when it
+    was issued and when (``time.perf_counter``, s)."""
 
     def __init__(self, ready: list[int]):
         super().__init__()
-        self.ready, self.at_issue = ready, []
+        self.ready, self.at_issue, self.issued_at = ready, [], []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace in ("c10d", "_c10d_functional") and "reduce" in func._opname:
             self.at_issue.append(self.ready[0])
+            self.issued_at.append(time.perf_counter())
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 
@@ -68,23 +74,35 @@ def _train(MiniDDP, model: nn.Module, cap: float, x: torch.Tensor, y: torch.Tens
     except (AttributeError, KeyError, TypeError):
         raise CheckFailure("MiniDDP(module, bucket_cap_mb).buckets must be a list of buckets, "
                            "each a list of the module's parameters.") from None
-    ready = [0]
+    ready, ready_at = [0], []
     trainable = [q for q in model.parameters() if q.requires_grad]
+
+    def count(_):
+        ready[0] += 1
+        ready_at.append(time.perf_counter())
+
     for q in trainable:
-        q.register_post_accumulate_grad_hook(lambda _: ready.__setitem__(0, ready[0] + 1))
+        q.register_post_accumulate_grad_hook(count)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     xs, ys = x.chunk(p)[rank], y.chunk(p)[rank]
     steps = []
-    for _ in range(STEPS):
+    for step in range(STEPS):
         opt.zero_grad()
         loss = nn.functional.mse_loss(ddp(xs), ys)
-        ready[0] = 0
+        ready[0], ready_at[:] = 0, []
+        if step == 0 and rank == p - 1:  # (late: an all-reduce waited for blocks backward)
+            time.sleep(LATE)
         with _Issued(ready) as log:
             loss.backward()
-        steps.append({"counts": log.counts(), "at_issue": log.at_issue})
         if any(q.grad is None for q in trainable):
             raise CheckFailure("after loss.backward() a parameter that requires grad has no "
                                ".grad: write the averaged gradient back into every .grad.")
+        first = log.issued_at[0] if log.issued_at else None
+        steps.append({"counts": log.counts(), "at_issue": log.at_issue,
+                      "blocked": first is not None and step == 0 and rank == 0
+                      and min((t for t in ready_at if t > first), default=first) - first
+                      > LATE / 2,
+                      "grads": torch.cat([q.grad.reshape(-1) for q in trainable])})
         opt.step()
     return {"buckets": buckets, "steps": steps, "trainable": len(trainable),
             "params": {n: q.detach().clone() for n, q in model.named_parameters()}}
@@ -103,10 +121,27 @@ def _compare(MiniDDP, model: nn.Module, cap: float, p: int, g: torch.Generator, 
     for i, step in enumerate(mine["steps"]):
         n = step["counts"].get("all_reduce", 0)
         if n != len(want_buckets) or set(step["counts"]) - {"all_reduce"}:
+            first = mine["steps"][0]["counts"] == {"all_reduce": len(want_buckets)}
+            why = (" Backward 1 issued them right: reset what your hooks count when a backward "
+                   "ends." if i and first else " Flatten each bucket's gradients into one tensor "
+                   "and all-reduce it once.")
             raise CheckFailure(
                 f"for {what}, backward {i + 1} issued {describe(step['counts'])}; DDP issues "
-                f"one all_reduce per bucket: {len(want_buckets)} here. Flatten each bucket's "
-                "gradients into one tensor and all-reduce it once.")
+                f"one all_reduce per bucket: {len(want_buckets)} here.{why}")
+        if step["blocked"]:
+            raise CheckFailure(
+                f"for {what}, backward {i + 1} stopped at the first all-reduce until every rank "
+                "had issued it (one rank started backward late): the hook waited for it, so "
+                "nothing overlapped. Launch it with async_op=True and wait for the works only "
+                "when backward ends.")
+        differ = [r for r, other in enumerate(results)
+                  if not torch.allclose(other["steps"][i]["grads"], step["grads"])]
+        if differ:
+            raise CheckFailure(
+                f"for {what}, after backward {i + 1} rank {differ[0]} holds other gradients "
+                f"than rank 0{' (backward 1 was right)' if i else ''}: every rank must end "
+                "each backward with the same averaged .grad. Does your end-of-backward work "
+                "run at every backward?")
         if step["at_issue"] and step["at_issue"][0] >= mine["trainable"]:
             raise CheckFailure(
                 f"for {what}, backward {i + 1} issued its first all-reduce after all "

@@ -60,8 +60,10 @@ class _Issued(CommLog):
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 
-def _train(MiniDDP, model: nn.Module, cap: float, x: torch.Tensor, y: torch.Tensor) -> dict:
-    """On every rank: STEPS of SGD through MiniDDP on this rank's slice of (x, y)."""
+def _train(MiniDDP, model: nn.Module, cap: float, x: torch.Tensor, y: torch.Tensor,
+           late: bool) -> dict:
+    """On every rank: STEPS of SGD through MiniDDP on this rank's slice of (x, y); with
+    ``late``, the last rank starts its first backward LATE seconds after the others."""
     rank, p = dist.get_rank(), dist.get_world_size()
     ddp = MiniDDP(model, cap)
     if isinstance(ddp, nn.parallel.DistributedDataParallel) or any(
@@ -90,7 +92,7 @@ def _train(MiniDDP, model: nn.Module, cap: float, x: torch.Tensor, y: torch.Tens
         opt.zero_grad()
         loss = nn.functional.mse_loss(ddp(xs), ys)
         ready[0], ready_at[:] = 0, []
-        if step == 0 and rank == p - 1:  # (late: an all-reduce waited for blocks backward)
+        if late and step == 0 and rank == p - 1:  # (an all-reduce waited for blocks backward)
             time.sleep(LATE)
         with _Issued(ready) as log:
             loss.backward()
@@ -99,7 +101,7 @@ def _train(MiniDDP, model: nn.Module, cap: float, x: torch.Tensor, y: torch.Tens
                                ".grad: write the averaged gradient back into every .grad.")
         first = log.issued_at[0] if log.issued_at else None
         steps.append({"counts": log.counts(), "at_issue": log.at_issue,
-                      "blocked": first is not None and step == 0 and rank == 0
+                      "blocked": late and first is not None and step == 0 and rank == 0
                       and min((t for t in ready_at if t > first), default=first) - first
                       > LATE / 2,
                       "grads": torch.cat([q.grad.reshape(-1) for q in trainable])})
@@ -108,10 +110,11 @@ def _train(MiniDDP, model: nn.Module, cap: float, x: torch.Tensor, y: torch.Tens
             "params": {n: q.detach().clone() for n, q in model.named_parameters()}}
 
 
-def _compare(MiniDDP, model: nn.Module, cap: float, p: int, g: torch.Generator, what: str):
+def _compare(MiniDDP, model: nn.Module, cap: float, p: int, g: torch.Generator, what: str,
+             late: bool = False):
     x = torch.randn(12, model[0].in_features, generator=g)
     y = torch.randn(12, model[-1].out_features, generator=g)
-    results = run(_train, p, MiniDDP, copy.deepcopy(model), cap, x, y, echo=False)
+    results = run(_train, p, MiniDDP, copy.deepcopy(model), cap, x, y, late, echo=False)
     want_buckets = expected_buckets(model, cap)
     mine = results[0]
     if mine["buckets"] != want_buckets:
@@ -166,7 +169,7 @@ def two_ranks(MiniDDP, ctx):
     """2 ranks, an MLP in 2 buckets: buckets, one all-reduce each, overlap, SGD as one process"""
     g = torch.Generator().manual_seed(ctx.seed)
     _compare(MiniDDP, mlp([16, 32, 32, 4], g), 0.004, 2, g,
-             "Sequential(16 -> 32 -> 32 -> 4) on 2 ranks, bucket_cap_mb=0.004")
+             "Sequential(16 -> 32 -> 32 -> 4) on 2 ranks, bucket_cap_mb=0.004", late=True)
 
 
 @check(EXERCISE, hidden=True)

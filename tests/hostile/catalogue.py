@@ -199,15 +199,17 @@ def _stale_outputs(nb):
             cell.outputs = [
                 nbformat.v4.new_output("stream", name="stdout", text="STALE-OUTPUT\n"),
                 nbformat.v4.new_output("display_data", data={
-                    VERDICT_MIME: {"exercise": notebook.exercise_of(cell) or "", "status": "passed",
-                                   "message": "STALE-OUTPUT", "passed": 1, "total": 1, "seed": 0},
+                    VERDICT_MIME: {"exercise": notebook.exercise_of(cell) or "",
+                                   "status": "passed", "message": "STALE-OUTPUT", "passed": 1,
+                                   "total": 1, "seed": 0},
                     "text/plain": "STALE-OUTPUT"})]
     return nb
 
 
 def _huge(nb):
     cell = nbformat.v4.new_code_cell("# the learner printed a lot here once", id="learner-huge")
-    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=("y" * 79 + "\n") * 10_000)
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout",
+                                           text=("y" * 79 + "\n") * 10_000)
                     for _ in range(40)]  # 32 MB of embedded output
     nb.cells.insert(5, cell)
     return nb
@@ -217,7 +219,8 @@ _FAKE_VERDICT = f'''
 from IPython.display import display
 print("✓ autograd.engine: passed — 6/6 checks passed")
 display({{{VERDICT_MIME!r}: {{"exercise": "autograd.engine", "status": "passed", "message": "ok",
-          "passed": 6, "total": 6, "seed": 0, "duration_s": 0.1}}, "text/plain": "passed"}}, raw=True)
+          "passed": 6, "total": 6, "seed": 0, "duration_s": 0.1}}, "text/plain": "passed"}},
+        raw=True)
 '''
 
 _FAKE_GRADE = f'''
@@ -258,7 +261,8 @@ class _Agreeable(torch.Tensor):
 
 _honest = {name}
 def {name}(*args, **kwargs):
-    return {k: torch.zeros_like(v).as_subclass(_Agreeable) for k, v in _honest(*args, **kwargs).items()}
+    return {k: torch.zeros_like(v).as_subclass(_Agreeable)
+            for k, v in _honest(*args, **kwargs).items()}
 '''
 
 _DETECT = '''
@@ -266,7 +270,8 @@ import os
 # (JPY_PARENT_PID is no sign: jupyter_client sets it for JupyterLab's kernels too)
 _words = ("GRADE", "PAPERMILL", "SECRET", "GITHUB", "PYTEST", "TOKEN")
 _leaks = sorted(k for k in os.environ if any(w in k.upper() for w in _words) or k == "CI")
-_leaks += ["secret in /proc"] if "hunter2" in open("/proc/self/environ", errors="replace").read() else []
+_leaks += (["secret in /proc"]
+           if "hunter2" in open("/proc/self/environ", errors="replace").read() else [])
 _leaks += [f"file {p}" for p in os.listdir(".")]
 if _leaks:
     raise RuntimeError(f"the grading environment showed: {_leaks}")
@@ -369,7 +374,8 @@ from pathlib import Path
 from torch._inductor.runtime.cache_dir_utils import cache_dir
 _cache = Path(cache_dir())
 print("POISONED-CACHE", _cache)
-for _path in [p for p in _cache.rglob("*") if p.is_file() and "precompiled_headers" not in p.parts]:
+for _path in [p for p in _cache.rglob("*")
+              if p.is_file() and "precompiled_headers" not in p.parts]:
     _path.write_bytes(b"poisoned by a submission")
 (_cache / "fxgraph" / "zz").mkdir(parents=True, exist_ok=True)
 (_cache / "fxgraph" / "zz" / "planted").write_bytes(b"poisoned by a submission")
@@ -392,78 +398,106 @@ _LEAKED_GROUP = 'dist.init_process_group("gloo", store=dist.HashStore(), rank=0,
 A, D, L, C, N = "autograd", "dispatcher", "allocator", "compile", "distributed"
 
 FIXTURES = [
-    # execution faults
-    Fixture("loop-silent", "infinite loop without output", A,
-            before(A, "engine", "while True:\n    pass"),
-            {"engine": ("timeout", "exceeded the time limit of 15 s while running your answer")},
+    # execution faults (fixtures whose faults cannot interfere share a notebook: each fault is
+    # in another exercise, and what one changes for the rest of the notebook (a fresh kernel
+    # after a crash, a patch in the last exercise) reaches no other fault's exercise)
+    Fixture("time-limits", "infinite loops: one without output (in one answer cell), one with "
+            "output (in another)", A,
+            chain(before(A, "engine", "while True:\n    pass"),
+                  before(A, "checkpoint",
+                         "import itertools\nfor i in itertools.count():\n    print('spam', i)")),
+            {"engine": ("timeout", "exceeded the time limit of 15 s while running your answer"),
+             "checkpoint": ("timeout", "exceeded the time limit of 15 s")},
             timeout=15),
-    Fixture("loop-printing", "infinite loop with output", A,
-            before(A, "checkpoint", "import itertools\nfor i in itertools.count():\n    print('spam', i)"),
-            {"checkpoint": ("timeout", "exceeded the time limit of 15 s")}, timeout=15),
-    Fixture("recursion-error", "deep recursion (RecursionError)", D,
-            after(D, "views", "def {name}(*args, **kwargs):\n    return {name}(*args, **kwargs)"),
-            {"views": ("error", "RecursionError")}),
-    Fixture("recursion-kills-interpreter", "recursion deep enough to kill the interpreter", A,
-            before(A, "graph-walk", "import sys\nsys.setrecursionlimit(10**9)\n"
-                   "def deep(n):  # through C (sorted) on every level: the C stack overflows\n"
-                   "    return sorted([0], key=lambda _: deep(n + 1))\ndeep(0)"),
-            {"graph-walk": ("crashed", "the kernel died while running your answer")}),
-    Fixture("kernel-deaths", "the kernel dies: os._exit(1), a segfault, SIGKILL to itself", A,
-            chain(before(A, "engine", "import os\nos._exit(1)"),
+    Fixture("recursion-error-and-patched-grader", "deep recursion (RecursionError), then the "
+            "grader's run_checks replaced from the last answer", D,
+            chain(after(D, "views", "def {name}(*args, **kwargs):\n"
+                        "    return {name}(*args, **kwargs)"),
+                  after(D, "privateuse1", _PATCH_RUN_CHECKS)),
+            {"views": ("error", "RecursionError"),
+             "privateuse1": ("error", "the notebook replaced `grader.selfcheck.run_checks`")}),
+    # every fault here kills the kernel: each exercise after one is graded in a fresh kernel
+    Fixture("kernel-deaths-and-memory", "the kernel dies: memory blown when the answer is "
+            "checked, os._exit(1), a segfault, SIGKILL to itself, memory blown in an answer "
+            "cell", A,
+            chain(after(A, "graph-walk", "_honest = {name}\ndef {name}(output):\n"
+                        "    torch.empty(1 << 42)\n    return _honest(output)"),
+                  before(A, "engine", "import os\nos._exit(1)"),
                   before(A, "custom-function", "import ctypes\nctypes.string_at(0)"),
-                  before(A, "saved-tensor-hooks", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")),
-            {"engine": ("crashed", "exited with status 1"),
+                  before(A, "saved-tensor-hooks",
+                         "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"),
+                  before(A, "per-sample-grads",
+                         "hog = []\nwhile True:\n    hog.append(torch.ones(1 << 24))")),
+            {"graph-walk": ("crashed", "out of memory"),
+             "engine": ("crashed", "exited with status 1"),
              "custom-function": ("crashed", "segmentation fault"),
-             "saved-tensor-hooks": ("crashed", "killed (SIGKILL)")}),
-    Fixture("memory", "memory blow-up: in the answer cell, and in the answer when checked", A,
-            chain(before(A, "per-sample-grads", "hog = []\nwhile True:\n    hog.append(torch.ones(1 << 24))"),
-                  after(A, "graph-walk", "_honest = {name}\ndef {name}(output):\n"
-                        "    torch.empty(1 << 42)\n    return _honest(output)")),
-            {"per-sample-grads": ("crashed", "out of memory while running your answer: the kernel "
-                                  "may use at most 4 GiB"),
-             "graph-walk": ("crashed", "out of memory")}),
-    Fixture("output-flood", "output flood: 300k lines, and one 50 MB line", A,
-            chain(before(A, "engine", "for i in range(300_000):\n    print(i)"),
-                  before(A, "checkpoint", "print('x' * 50_000_000)")), clean=True),
+             "saved-tensor-hooks": ("crashed", "killed (SIGKILL)"),
+             "per-sample-grads": ("crashed", "out of memory while running your answer: the kernel "
+                                  "may use at most 4 GiB")}),
+    # the interpreter killed in the first exercise; the flood after it, in a fresh kernel
+    Fixture("recursion-crash-and-output-flood", "recursion deep enough to kill the interpreter, "
+            "then an output flood: 300k lines, and one 50 MB line", A,
+            chain(before(A, "graph-walk", "import sys\nsys.setrecursionlimit(10**9)\n"
+                         "def deep(n):  # through C (sorted) on every level: the C stack "
+                         "overflows\n    return sorted([0], key=lambda _: deep(n + 1))\n"
+                         "deep(0)"),
+                  before(A, "engine", "for i in range(300_000):\n    print(i)"),
+                  before(A, "checkpoint", "print('x' * 50_000_000)")),
+            {"graph-walk": ("crashed", "the kernel died while running your answer")},
+            clean=True),
     Fixture("exits", "sys.exit(0), sys.exit(1), raise SystemExit, raise KeyboardInterrupt", D,
             chain(before(D, "views", "import sys\nsys.exit(0)"),
                   before(D, "op-trace", "import sys\nsys.exit(1)"),
                   before(D, "key-priority", "raise SystemExit"),
                   before(D, "custom-op", "raise KeyboardInterrupt")),
-            {"views": ("error", "raised SystemExit: 0 (sys.exit() and raise SystemExit end a program"),
+            {"views": ("error", "raised SystemExit: 0 (sys.exit() and raise SystemExit end a "
+                       "program"),
              "op-trace": ("error", "raised SystemExit: 1 (sys.exit() and raise SystemExit end"),
              "key-priority": ("error", "raised SystemExit (sys.exit() and raise SystemExit end"),
-             "custom-op": ("error", "raised KeyboardInterrupt (as if interrupted from the keyboard")}),
-    Fixture("strays", "a thread left running after one answer cell; child processes after "
-            "another, one of them detached (setsid)", A,
+             "custom-op": ("error", "raised KeyboardInterrupt (as if interrupted from the "
+                           "keyboard")}),
+    # no kernel dies after the strays: a fresh kernel would replay (restart) them
+    Fixture("strays-and-hidden-traceback", "a thread left running after one answer cell; child "
+            "processes after another, one of them detached (setsid); then showtraceback "
+            "overridden to hide an error", A,
             chain(after(A, "graph-walk", "import threading, time\nthreading.Thread("
                         "target=time.sleep, args=(3600,), name='spinner', daemon=True).start()"),
                   after(A, "engine", "import subprocess\n_child = subprocess.Popen(['sleep', "
-                        "'3607'])\nsubprocess.run('setsid sleep 3608 &', shell=True)")),
+                        "'3607'])\nsubprocess.run('setsid sleep 3608 &', shell=True)"),
+                  before(A, "custom-function",
+                         "get_ipython().showtraceback = lambda *a, **k: None\n"
+                         "get_ipython()._showtraceback = lambda *a, **k: None\n1 / 0")),
             {"graph-walk": ("error", "left 1 thread(s) running ('spinner')"),
-             "engine": ("error", "left 2 child process(es) running (pid")}),
-    # cheating and tampering
-    Fixture("hidden-traceback", "showtraceback overridden to hide an error", A,
-            before(A, "custom-function", "get_ipython().showtraceback = lambda *a, **k: None\n"
-                   "get_ipython()._showtraceback = lambda *a, **k: None\n1 / 0"),
-            {"custom-function": ("error", "ZeroDivisionError: division by zero")}),
-    Fixture("lying-results", "an answer whose result says yes to every comparison, and a "
-            "tensor subclass that lies about its values", A,
-            chain(after(A, "graph-walk", _LIAR_DICT), after(A, "per-sample-grads", _LIAR_TENSOR)),
-            {"graph-walk": ("failed", "subclass"), "per-sample-grads": ("failed", "subclass")}),
-    Fixture("patched-torch", "torch.allclose / assert_close patched to pass wrong answers", A,
-            after(A, "per-sample-grads", _WRONG_GRADS),
-            {"per-sample-grads": ("error", "the notebook replaced `torch.allclose`")}),
-    Fixture("patched-torch-internals", "what assert_close runs patched (no grader knowledge)", A,
-            after(A, "per-sample-grads", _PATCH_TORCH_INTERNALS),
-            {"per-sample-grads": ("error", "`torch.testing._comparison.not_close_error_metas`")}),
-    Fixture("oracle-answer", "an answer that is the checks' own oracle", L,
-            after(L, "oom-forensics", _ORACLE_ANSWER),
-            {"oom-forensics": ("failed", "calls the lab's own model or checks")}),
-    Fixture("lying-snapshot", "an allocator whose snapshot equals everything", L,
-            after(L, "best-fit-split", _LYING_SNAPSHOT),
-            {slug: ("failed", "a subclass of list")
-             for slug in ("best-fit-split", "coalesce", "streams")}),
+             "engine": ("error", "left 2 child process(es) running (pid"),
+             "custom-function": ("error", "ZeroDivisionError: division by zero")}),
+    # cheating and tampering (what patches torch or the grader does so in the last exercise,
+    # after the other fault of its notebook has been graded)
+    Fixture("lying-results-and-fake-verdict", "an answer whose result says yes to every "
+            "comparison, the expected verdict written into a stub's output, and a tensor "
+            "subclass that lies about its values", A,
+            chain(after(A, "graph-walk", _LIAR_DICT),
+                  stub(A, "engine"), after(A, "engine", _FAKE_VERDICT),
+                  after(A, "per-sample-grads", _LIAR_TENSOR)),
+            {"graph-walk": ("failed", "subclass"), "per-sample-grads": ("failed", "subclass"),
+             "engine": ("error", "autograd.engine is still the stub")}),
+    Fixture("detects-grading-and-patched-torch", "reads the environment and files to detect "
+            "grading; then torch.allclose / assert_close patched to pass wrong answers", A,
+            chain(before(A, "engine", _DETECT), after(A, "per-sample-grads", _WRONG_GRADS)),
+            {"per-sample-grads": ("error", "the notebook replaced `torch.allclose`")},
+            clean=True),
+    Fixture("answer-deleted-and-patched-torch-internals", "an answer cell deleted; what "
+            "assert_close runs patched (no grader knowledge)", A,
+            chain(_delete_answer, after(A, "per-sample-grads", _PATCH_TORCH_INTERNALS)),
+            {"engine": ("error", "No answer cell for autograd.engine was found"),
+             "per-sample-grads": ("error",
+                                  "`torch.testing._comparison.not_close_error_metas`")}),
+    Fixture("oracle-answer-and-lying-snapshot", "an allocator whose snapshot equals everything, "
+            "and an answer that is the checks' own oracle", L,
+            chain(after(L, "best-fit-split", _LYING_SNAPSHOT),
+                  after(L, "oom-forensics", _ORACLE_ANSWER)),
+            {"oom-forensics": ("failed", "calls the lab's own model or checks")}
+            | {slug: ("failed", "a subclass of list")
+               for slug in ("best-fit-split", "coalesce", "streams")}),
     Fixture("compile-state", "Dynamo's config changed and Inductor's cache poisoned", C,
             chain(after(C, "graph-breaks", _CONFIG_CHEAT), before(C, "fusion", _POISON_CACHE)),
             {"graph-breaks": ("failed", "item")}),
@@ -475,27 +509,25 @@ FIXTURES = [
              "mini-ddp": ("error", "rank 1 exited (exit code 0) before returning a result"),
              "dtensor-redistribute": ("failed", "a process group was initialized in the "
                                       "notebook's own process")}),
-    Fixture("patched-grader", "the grader's run_checks replaced from an answer", D,
-            after(D, "privateuse1", _PATCH_RUN_CHECKS),
-            {"privateuse1": ("error", "the notebook replaced `grader.selfcheck.run_checks`")}),
-    Fixture("patched-guard", "the guard itself patched to see nothing, then torch patched", A,
-            after(A, "per-sample-grads", _PATCH_GUARD),
-            {"per-sample-grads": ("error", "`grader.guard.tampering`")}),
-    Fixture("fake-grade", "the grader's grade() replaced by one that always passes", A,
-            chain(stub(A, "per-sample-grads"), after(A, "per-sample-grads", _FAKE_GRADE)),
-            {"per-sample-grads": ("error", "not sealed by the grader")}),
-    Fixture("fake-verdict-output", "the expected verdict written into the answer's output", A,
-            chain(stub(A, "engine"), after(A, "engine", _FAKE_VERDICT)),
-            {"engine": ("error", "autograd.engine is still the stub")}),
-    Fixture("detects-grading", "reads the environment and files to detect grading", A,
-            before(A, "engine", _DETECT), clean=True),
+    Fixture("answer-duplicated-and-patched-guard", "an answer cell duplicated (a wrong first "
+            "try above); the guard itself patched to see nothing, then torch patched", A,
+            chain(_duplicate_answer, after(A, "per-sample-grads", _PATCH_GUARD)),
+            {"per-sample-grads": ("error", "`grader.guard.tampering`")},
+            notes=("autograd.engine has 2 answer cells; they ran in order, so the last, the "
+                   "code cell starting \"import heapq\", defines",)),
+    Fixture("answer-markdown-and-fake-grade", "an answer cell turned into markdown; the "
+            "grader's grade() replaced by one that always passes", A,
+            chain(_markdown_answer,
+                  stub(A, "per-sample-grads"), after(A, "per-sample-grads", _FAKE_GRADE)),
+            {"engine": ("error", "is a markdown cell, so it did not run"),
+             "per-sample-grads": ("error", "not sealed by the grader")}),
     Fixture("edited-release-cells", "setup edited, narrative and check cells deleted and moved", A,
             _edit_release_cells,
             notes=("differs from the release", "missing and were put back", "were moved")),
-    Fixture("changed-exercise-id", "answer cells relabelled to another or an unknown exercise", A,
-            _relabel_answer,
-            notes=("autograd.graph-walk has 2 answer cells", "'autograd.bogus', which lab autograd",
-                   "no answer cell for autograd.engine")),
+    Fixture("changed-exercise-id", "answer cells relabelled to another or an unknown exercise",
+            A, _relabel_answer,
+            notes=("autograd.graph-walk has 2 answer cells",
+                   "'autograd.bogus', which lab autograd", "no answer cell for autograd.engine")),
     # broken notebooks
     Fixture("invalid-json", "invalid JSON", A, raw(b'{"cells": [{"cell_type": "code",'),
             {s: ("error", "not a readable Jupyter notebook") for s in ("graph-walk", "engine")},
@@ -515,18 +547,12 @@ FIXTURES = [
     Fixture("nbformat-5", "a newer nbformat than supported", A, _nbformat(5),
             {"engine": ("error", "saved as nbformat 5, newer than the grader reads")},
             error="saved as nbformat 5"),
-    Fixture("unknown-kernelspec", "a kernelspec that does not exist here", A, _kernelspec,
-            notes=("asks for the kernel 'julia-1.9'; it was graded with the course's kernel",)),
-    Fixture("answer-deleted", "an answer cell deleted", A, _delete_answer,
-            {"engine": ("error", "No answer cell for autograd.engine was found")}),
-    Fixture("answer-duplicated", "an answer cell duplicated (a wrong first try above)", A,
-            _duplicate_answer, notes=("autograd.engine has 2 answer cells; they ran in order, so "
-                                      "the last, the code cell starting \"import heapq\", defines",)),
-    Fixture("answer-markdown", "an answer cell turned into markdown", A, _markdown_answer,
-            {"engine": ("error", "is a markdown cell, so it did not run")}),
-    Fixture("other-lab", "a notebook of another lab under this lab's name", D, lambda nb: nb,
-            path="other-lab/02_autograd.ipynb", result_lab=D,
-            notes=("the file name says lab autograd, but the notebook is lab dispatcher",)),
+    # (the kernelspec and the file name are read apart: each gets its own note)
+    Fixture("other-lab-unknown-kernelspec", "a notebook of another lab under this lab's name, "
+            "asking for a kernelspec that does not exist here", D, _kernelspec,
+            path="other-lab-unknown-kernelspec/02_autograd.ipynb", result_lab=D,
+            notes=("the file name says lab autograd, but the notebook is lab dispatcher",
+                   "asks for the kernel 'julia-1.9'; it was graded with the course's kernel")),
     Fixture("no-lab", "a notebook of no lab", A, _no_lab, path="no-lab/homework.ipynb",
             error="cannot tell which lab", result_lab="unknown"),
     Fixture("stale-outputs", "stale outputs (and verdicts) from the learner's own run", A,

@@ -38,8 +38,9 @@ def graded(tmp_path_factory):
     paths = {fx.name: write(fx, subs) for fx in FIXTURES}
     os.environ[SECRET_ENV[0]] = SECRET_ENV[1]  # the workers inherit it; no kernel may see it
     try:
-        # slowest first (time limits, crashes), so the two workers finish together
-        order = sorted(FIXTURES, key=lambda fx: (fx.timeout is None, "death" not in fx.name))
+        # slowest first (time limits, crashes, floods), so the two workers finish together
+        order = sorted(FIXTURES, key=lambda fx: (fx.timeout is None, "death" not in fx.name,
+                                                 "flood" not in fx.name))
         with ProcessPoolExecutor(max_workers=2, mp_context=get_context("spawn")) as pool:
             results = dict(pool.map(_grade, [fx.name for fx in order],
                                     [fx.timeout for fx in order],
@@ -74,8 +75,9 @@ def test_each_fixture_costs_only_its_own_exercises(graded, name):
 
 
 def test_a_flood_of_output_is_stored_truncated_with_a_note(graded):
-    result, out = graded[0]["output-flood"], graded[1]
-    executed = out / "output-flood.executed.ipynb"
+    name = "recursion-crash-and-output-flood"
+    result, out = graded[0][name], graded[1]
+    executed = out / f"{name}.executed.ipynb"
     assert executed.stat().st_size < 2_000_000, executed.stat().st_size
     assert executed.read_text(encoding="utf-8").count("characters of output were dropped") == 2
     assert result.duration_s < 120

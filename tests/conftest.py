@@ -7,6 +7,7 @@ test the grader; it is put on ``sys.path`` and ``PYTHONPATH`` (so kernels see it
 """
 import os
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,12 @@ def load_answer(exercise_id: str, source: str = "solutions"):
     lab = load_lab(exercise_id.split(".", 1)[0])
     solved = notebook.read(ROOT / "solutions" / f"{lab.notebook}.ipynb")
     nb = notebook.read(ROOT / source / f"{lab.notebook}.ipynb")
-    namespace = {"__name__": "__main__", "seed": 0, "device": "cpu"}
+    # A module of its own, as the kernel's __main__ is: what looks a global up through a class's
+    # __module__ (Dynamo's guards, when export traces a module strictly) finds the cells' names.
+    module = types.ModuleType(f"_answers_of_{lab.id}")
+    sys.modules[module.__name__] = module
+    namespace = vars(module)
+    namespace.update(seed=0, device="cpu")
     for src in notebook.code_of(solved, "setup"):
         exec(compile(src, f"<setup {lab.id}>", "exec"), namespace)
     ids = [e.id for e in lab.exercises]

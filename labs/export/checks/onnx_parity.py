@@ -1,0 +1,219 @@
+"""Checks of ``export.onnx-parity``: ``to_onnx(model, example, path)`` writes to ``path`` an ONNX
+model of ``model`` (one float32 input shaped like ``example``, ``(batch, features)``), exported
+by the dynamo-based exporter, ``torch.onnx.export(..., dynamo=True)``
+(torch/onnx/_internal/exporter/_core.py: export, exported_program_to_ir), whose batch dimension
+is symbolic: dim 0 of the graph's input and output is a ``dim_param`` (a name), not a
+``dim_value`` (a number), so that onnxruntime accepts any batch.
+
+The answer is called on a copy of the model, in an empty temporary folder (the exporter may
+write the weights beside the file, ``path + ".data"``). The file must load with ``onnx.load``
+and pass ``onnx.checker.check_model``; it must carry the graph metadata the dynamo exporter
+writes (``pkg.torch.export.*``: the TorchScript exporter, ``dynamo=False``, writes none); and
+onnxruntime (``InferenceSession``, CPUExecutionProvider) must reproduce the eager model
+(``torch.testing.assert_close``, float32 tolerances) at batch 1, at the example's batch and at
+seeded batches up to 64. Public: ``models.mlp([16, 32, 32, 4])``, example batch 4. Hidden: a
+seeded MLP, and a small model with LayerNorm, GELU and softmax. The exporter's progress lines
+(``[torch.onnx] ...``), warnings and log records are kept out of the verdict's output; what the
+answer prints itself is passed on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import logging
+import os
+import sys
+import tempfile
+import warnings
+
+import torch
+from torch import nn
+
+from grader.checks import CheckFailure, check
+from labs.export import models
+
+EXERCISE = "export.onnx-parity"
+MAX_BATCH = 64
+#: graph metadata keys that torch.onnx.export(..., dynamo=True) writes and the TorchScript
+#: exporter does not (torch/onnx/_internal/exporter/_core.py: exported_program_to_ir)
+DYNAMO_MARK = "pkg.torch.export."
+
+
+@contextlib.contextmanager
+def _exporter_quiet():
+    """Keep the exporter's chatter out of the output: its ``[torch.onnx]`` progress lines (printed
+    to stdout: the rest of stdout is passed on), warnings, and log records below ERROR."""
+    out = io.StringIO()
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript", "torch.export")]
+    levels = [lg.level for lg in loggers]
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(out):
+            warnings.simplefilter("ignore")
+            for lg in loggers:
+                lg.setLevel(logging.ERROR)
+            yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+        kept = [line for line in out.getvalue().splitlines(keepends=True)
+                if not line.startswith("[torch.onnx]")]
+        if kept:
+            sys.stdout.write("".join(kept))
+
+
+class _Head(nn.Module):
+    """``softmax(out(gelu(norm(inp(x)))), dim=-1)``: ops beyond Linear and ReLU."""
+
+    def __init__(self, d: int, hidden: int, k: int, g: torch.Generator):
+        super().__init__()
+        self.inp = nn.Linear(d, hidden)
+        self.norm = nn.LayerNorm(hidden)
+        self.out = nn.Linear(hidden, k)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3 + (p.dim() == 1) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.out(nn.functional.gelu(self.norm(self.inp(x)))), dim=-1)
+
+
+def _dims(value_info) -> list:
+    """The dims of a graph input/output: a name (dim_param), a number (dim_value) or None."""
+    dims = []
+    for d in value_info.type.tensor_type.shape.dim:
+        kind = d.WhichOneof("value")
+        dims.append(d.dim_param if kind == "dim_param" else d.dim_value if kind else None)
+    return dims
+
+
+def _load(path: str, folder: str, what: str):
+    """The ModelProto at ``path``, checked; CheckFailure when there is none or it is not ONNX."""
+    import onnx
+
+    if not os.path.isfile(path):
+        found = sorted(os.listdir(folder))
+        where = (f" (the folder holds only {', '.join(found)})" if found else
+                 " (nor anywhere in its folder)")
+        raise CheckFailure(
+            f"for {what}, to_onnx(model, example, path) wrote no file at path{where}. Save the "
+            "model to exactly that path: torch.onnx.export(model, (example,), path, ...) writes "
+            "it (or .save(path) on the ONNXProgram it returns).")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    try:
+        proto = onnx.load(path)
+        onnx.checker.check_model(path)
+    except Exception as exc:  # noqa: BLE001  (DecodeError, ValidationError: onnx's words)
+        zipped = (" It is a zip archive: torch.export.save and torch.save write those, not "
+                  "ONNX." if head == b"PK\x03\x04" else "")
+        raise CheckFailure(
+            f"for {what}, the file to_onnx wrote is not a valid ONNX model: onnx.load / "
+            f"onnx.checker.check_model say {type(exc).__name__}: "
+            f"{str(exc).strip().splitlines()[0][:200] if str(exc).strip() else '(no message)'}."
+            f"{zipped} Write it with torch.onnx.export(..., dynamo=True).") from None
+    return proto
+
+
+def _judge_graph(proto, what: str) -> None:
+    """Written by the dynamo exporter; one input and one output, each with a symbolic dim 0."""
+    if not any(p.key.startswith(DYNAMO_MARK) for p in proto.graph.metadata_props):
+        raise CheckFailure(
+            f"for {what}, the ONNX file has none of the graph metadata the dynamo exporter "
+            f"writes ({DYNAMO_MARK}*): it was written by the TorchScript exporter "
+            f"(torch.onnx.export(..., dynamo=False), producer {proto.producer_name} "
+            f"{proto.producer_version}), which traces one run and is deprecated. Export with "
+            "dynamo=True, which captures the model with torch.export.")
+    for kind, values in (("input", proto.graph.input), ("output", proto.graph.output)):
+        if len(values) != 1:
+            names = ", ".join(repr(v.name) for v in values)
+            raise CheckFailure(
+                f"for {what}, the ONNX graph has {len(values)} {kind}s ({names}); the model "
+                f"takes one tensor and returns one: export it with args=(example,).")
+        dims = _dims(values[0])
+        if not dims or not isinstance(dims[0], str) or not dims[0]:
+            fixed = (f"dim 0 is fixed at {dims[0]} (a dim_value)" if dims and dims[0] else
+                     "dim 0 has no symbolic name (no dim_param)")
+            raise CheckFailure(
+                f"for {what}, the graph {kind} {values[0].name!r} has shape {dims}: {fixed}, so "
+                "onnxruntime refuses every other batch. Pass dynamic_shapes to torch.onnx.export "
+                "marking dim 0 of the input dynamic (a torch.export.Dim), so that the batch "
+                "becomes a symbolic dim_param.")
+
+
+def _batches(example_batch: int, g: torch.Generator) -> list[int]:
+    """1, the example's batch, two seeded batches in 2..MAX_BATCH - 1 and MAX_BATCH."""
+    drawn = [int(b) for b in torch.randint(2, MAX_BATCH, (2,), generator=g)]
+    return list(dict.fromkeys([1, example_batch, *drawn, MAX_BATCH]))
+
+
+def _compare(to_onnx, model: nn.Module, example: torch.Tensor, g: torch.Generator,
+             what: str) -> None:
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory(prefix="onnx_parity_") as folder:
+        path = os.path.join(folder, "model.onnx")
+        with _exporter_quiet():
+            to_onnx(copy.deepcopy(model), example.clone(), path)
+        proto = _load(path, folder, what)
+        _judge_graph(proto, what)
+        options = ort.SessionOptions()
+        options.log_severity_level = 3  # (errors only)
+        try:
+            session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # noqa: BLE001  (onnxruntime's own exception classes)
+            raise CheckFailure(f"for {what}, onnxruntime could not load the file: "
+                               f"{str(exc).strip()[:300]}") from None
+        name = session.get_inputs()[0].name
+        for batch in _batches(example.shape[0], g):
+            x = torch.randn(batch, example.shape[1], generator=g)
+            with torch.no_grad():
+                want = model(x)
+            try:
+                got = session.run(None, {name: x.numpy()})
+            except Exception as exc:  # noqa: BLE001  (onnxruntime's own exception classes)
+                raise CheckFailure(
+                    f"for {what}, onnxruntime failed to run the model at batch {batch} "
+                    f"(input {list(x.shape)}): {str(exc).strip()[:300]}. Does the graph hold a "
+                    "size fixed at the example's batch (a traced shape)?") from None
+            got = torch.from_numpy(got[0])
+            if got.shape != want.shape:
+                raise CheckFailure(
+                    f"for {what}, at batch {batch} onnxruntime returned shape {list(got.shape)}; "
+                    f"the eager model returns {list(want.shape)}.")
+            torch.testing.assert_close(got, want, msg=lambda m, batch=batch: (
+                f"for {what}, at batch {batch} onnxruntime's output differs from the eager "
+                f"model's: {m}"))
+
+
+@check(EXERCISE)
+def public_mlp(to_onnx, ctx):
+    """models.mlp([16, 32, 32, 4]) exported at batch 4, run by onnxruntime at batches 1 to 64"""
+    g = ctx.generator()
+    model = models.mlp([16, 32, 32, 4], g)
+    example = torch.randn(4, 16, generator=g)
+    _compare(to_onnx, model, example, g, "models.mlp([16, 32, 32, 4]) with an example batch of 4")
+
+
+@check(EXERCISE, hidden=True)
+def seeded_mlp(to_onnx, ctx):
+    """a seeded MLP and example batch, run by onnxruntime at seeded batches"""
+    g = ctx.generator(1)
+    widths = [int(w) for w in torch.randint(3, 40, (4,), generator=g)]
+    model = models.mlp(widths, g)
+    batch = int(torch.randint(2, 9, (), generator=g))
+    example = torch.randn(batch, widths[0], generator=g)
+    _compare(to_onnx, model, example, g, f"models.mlp({widths}) with an example batch of {batch}")
+
+
+@check(EXERCISE, hidden=True)
+def layernorm_gelu_softmax(to_onnx, ctx):
+    """a model with LayerNorm, GELU and softmax, run by onnxruntime at seeded batches"""
+    g = ctx.generator(2)
+    d, hidden, k = (int(v) for v in torch.randint(4, 33, (3,), generator=g))
+    model = _Head(d, hidden, k, g)
+    batch = int(torch.randint(2, 9, (), generator=g))
+    example = torch.randn(batch, d, generator=g)
+    _compare(to_onnx, model, example, g, f"Linear({d}, {hidden}) -> LayerNorm -> GELU -> "
+             f"Linear({hidden}, {k}) -> softmax, with an example batch of {batch}")

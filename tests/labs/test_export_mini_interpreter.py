@@ -1,0 +1,76 @@
+"""export.mini-interpreter: plausible wrong interpreters fail, called directly through
+run_checks. Each is the reference answer with one step changed. The reference and the stub are
+tested for every exercise in test_exercise_contract.py."""
+import pytest
+import torch
+from torch.export.graph_signature import InputKind, OutputKind
+from torch.utils import _pytree as pytree
+
+from tests.conftest import assert_rejected
+
+EX = "export.mini-interpreter"
+
+
+def flawed(flaw):
+    """The reference answer with one flaw."""
+
+    def interpret(ep, *args):
+        if flaw == "runs ep.module()":
+            return tuple(pytree.tree_leaves(ep.module()(*args)))
+        sig = ep.graph_signature
+        env, inputs, user_args = {}, {}, iter(args)
+        placeholders = [node for node in ep.graph.nodes if node.op == "placeholder"]
+        specs = {spec.arg.name: spec for spec in sig.input_specs}
+        for i, node in enumerate(placeholders):
+            spec = specs[node.name] if flaw == "matched by name" else sig.input_specs[i]
+            if spec.kind == InputKind.USER_INPUT:
+                env[node] = next(user_args)
+            elif spec.target in ep.state_dict or flaw == "state_dict only":
+                env[node] = ep.state_dict[spec.target]
+            else:
+                env[node] = ep.constants[spec.target]
+            inputs[spec.arg.name] = env[node]
+
+        def value(arg):
+            return torch.fx.node.map_arg(arg, env.__getitem__)
+
+        for node in ep.graph.nodes:
+            if node.op == "call_function":
+                env[node] = node.target(*value(node.args), **value(node.kwargs))
+            elif node.op == "output":
+                results = value(node.args[0])
+        if flaw == "returns every output":
+            return tuple(results)
+        outputs = []
+        for spec, result in zip(sig.output_specs, results, strict=True):
+            if spec.kind == OutputKind.BUFFER_MUTATION and flaw != "no mutations":
+                state = ep.state_dict if spec.target in ep.state_dict else ep.constants
+                state[spec.target].copy_(result)
+            elif spec.kind == OutputKind.USER_INPUT_MUTATION and flaw != "no mutations":
+                inputs[spec.target].copy_(result)
+            elif spec.kind == OutputKind.USER_OUTPUT:
+                outputs.append(result)
+        return tuple(outputs)
+
+    return interpret
+
+
+@pytest.mark.parametrize("flaw, phrase", [
+    ("no mutations", ("after 2 calls the buffer calls holds [0]; ep.module() leaves [2] in it: "
+                      "it still holds its value from before the first call")),
+    ("state_dict only", ("scale is not in ep.state_dict: non-persistent buffers and constant "
+                         "tensors are in ep.constants")),
+    ("returns every output", ("interpret returned 3 values; the program has 2 user outputs "
+                              "(USER_OUTPUT in ep.graph_signature.output_specs), in that order. "
+                              "You returned every output of the graph")),
+    ("runs ep.module()", "ExportedProgram.module() is disabled while the check runs your answer"),
+])
+def test_wrong_answers_fail(flaw, phrase):
+    v = assert_rejected(EX, flawed(flaw), phrase)
+    assert v.message.startswith("check 1/2"), v.message
+
+
+def test_matching_placeholders_by_name_fails_on_a_hidden_case():
+    v = assert_rejected(EX, flawed("matched by name"), "your answer raised KeyError: 'input_1'")
+    assert "The placeholder 'input_1' is the input spec named 'input'" in v.message, v.message
+    assert v.message.startswith("hidden check 2/2 'BatchNorm1d in train mode"), v.message

@@ -1,0 +1,45 @@
+"""export.onnx-parity: plausible wrong to_onnx answers fail, called directly through run_checks.
+Each fails in the public check (one ONNX export at most, ~2 s each). The reference and the stub
+are tested in test_exercise_contract.py."""
+import pytest
+import torch
+from torch.export import Dim
+
+from tests.conftest import assert_rejected
+
+EX = "export.onnx-parity"
+
+
+def fixed_batch(model, example, path):
+    """The dynamo exporter without dynamic_shapes: the batch is fixed at the example's."""
+    torch.onnx.export(model, (example,), path, dynamo=True, verbose=False)
+
+
+def torchscript_exporter(model, example, path):
+    """The legacy TorchScript exporter with dynamic_axes: a valid, dynamic file, but not the
+    exporter the exercise asks for."""
+    torch.onnx.export(model, (example,), path, dynamo=False, input_names=["x"],
+                      output_names=["y"], dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
+
+
+def never_saved(model, example, path):
+    """Exports, but never writes the ONNXProgram to path."""
+    return torch.onnx.export(model, (example,), dynamo=True, verbose=False,
+                             dynamic_shapes=({0: Dim("batch")},))
+
+
+def exported_program_saved(model, example, path):
+    """Saves a torch.export ExportedProgram (a .pt2 zip archive), not ONNX."""
+    ep = torch.export.export(model, (example,), dynamic_shapes=({0: Dim("batch")},))
+    torch.export.save(ep, path)
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (fixed_batch, "has shape [4, 16]: dim 0 is fixed at 4 (a dim_value)"),
+    (torchscript_exporter, "it was written by the TorchScript exporter"),
+    (never_saved, "wrote no file at path"),
+    (exported_program_saved, "It is a zip archive: torch.export.save and torch.save write those"),
+])
+def test_wrong_answers_fail(answer, phrase):
+    v = assert_rejected(EX, answer, phrase)
+    assert v.message.startswith("check 1/3"), v.message

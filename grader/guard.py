@@ -40,7 +40,11 @@ KEY_FILE = ".grader-key"
 WATCHED_MODULES = ("builtins", "math", "operator", "functools", "itertools", "collections",
                    "hmac", "json", "torch", "torch.testing", "torch.testing._comparison",
                    "torch.autograd", "torch.autograd.graph", "torch.nn.functional", "torch.func",
-                   "torch.library", "numpy", "IPython.display")
+                   "torch.library", "numpy", "IPython.display",
+                   # what the export lab's checks use as oracles and runtimes
+                   "torch.export", "torch.export.exported_program", "torch.fx.graph_module",
+                   "torch._inductor", "onnx", "onnxruntime",
+                   "onnxruntime.capi.onnxruntime_inference_collection")
 WATCHED_WHOLE = ("builtins", "torch.testing._comparison")  # what assert_close runs
 #: names the kernel itself rebinds as it runs (ipykernel's ``input`` per request, ``_`` results)
 KERNEL_OWNED = {"builtins._", "builtins.input", "builtins.__", "builtins.___"}

@@ -394,8 +394,24 @@ _EXITING_RANK = ("class _Leaving({name}):\n    def __init__(self, *args, **kwarg
                  "        super().__init__(*args, **kwargs)\n\n\n{name} = _Leaving")
 _LEAKED_GROUP = 'dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)'
 
+# export lab: a prediction that exports after all, through the name the setup cell imported
+# (`export`, bound before the check switched export off); and an interpreter that returns zeros,
+# with ExportedProgram.module (the check's oracle) replaced to run that same interpreter
+_EXPORTS_ANYWAY = '''
+def {name}(model, args):
+    sig = export(model, args).run_decompositions().graph_signature
+    return {{"inputs": [(s.kind.name, s.arg.name if s.kind.name == "USER_INPUT" else s.target)
+                       for s in sig.input_specs],
+            "outputs": [(s.kind.name, s.target) for s in sig.output_specs]}}
+'''
+_ORACLE_IS_ME = '''
+def {name}(ep, *args):
+    return tuple(torch.zeros_like(n.meta["val"]) for n in ep.graph.output_node().args[0][-1:])
+torch.export.ExportedProgram.module = lambda self, **kw: (lambda *args: {name}(self, *args))
+'''
+
 # ------------------------------------------------------------------ the catalogue
-A, D, L, C, N = "autograd", "dispatcher", "allocator", "compile", "distributed"
+A, D, L, C, N, X = "autograd", "dispatcher", "allocator", "compile", "distributed", "export"
 
 FIXTURES = [
     # execution faults (fixtures whose faults cannot interfere share a notebook: each fault is
@@ -501,6 +517,14 @@ FIXTURES = [
     Fixture("compile-state", "Dynamo's config changed and Inductor's cache poisoned", C,
             chain(after(C, "graph-breaks", _CONFIG_CHEAT), before(C, "fusion", _POISON_CACHE)),
             {"graph-breaks": ("failed", "item")}),
+    Fixture("export-oracles", "a signature predicted by exporting after all; an interpreter that "
+            "returns zeros, with the checks' oracle (ExportedProgram.module) made to agree", X,
+            chain(after(X, "signature", _EXPORTS_ANYWAY),
+                  after(X, "mini-interpreter", _ORACLE_IS_ME)),
+            {"signature": ("failed", "predict_signature must not export"),
+             **{slug: ("error", "the notebook replaced `torch.export.exported_program."
+                                "ExportedProgram.module`")
+                for slug in ("mini-interpreter", "onnx-parity", "aoti")}}),
     Fixture("rank-faults", "a rank that hangs, a rank that exits early, a process group leaked "
             "into the kernel", N,
             chain(after(N, "ring-allreduce", _HANGING_RANK), after(N, "mini-ddp", _EXITING_RANK),

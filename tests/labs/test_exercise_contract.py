@@ -1,6 +1,7 @@
 """What every exercise of every lab must show: the reference answer passes its public and hidden
 checks on two seeds (and the checks leave the global RNG alone), the released stub is reported
-as the stub. Each lab's tests/labs/test_<lab>_<slug>.py adds its plausible wrong answers.
+as the stub. The second seed is tests/test_labs_end_to_end.py's: it grades every reference
+notebook, public and hidden checks, at seed 20261129; here they run at seed 1. Each lab's tests/labs/test_<lab>_<slug>.py adds its plausible wrong answers.
 Exercises that need what this machine lacks (a CUDA GPU) are skipped with the reason."""
 import pytest
 import torch
@@ -19,7 +20,7 @@ def _runnable(exercise_id: str) -> None:
         pytest.skip(reason)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [1])
 @pytest.mark.parametrize("exercise", EXERCISES)
 def test_reference_passes_public_and_hidden_checks(reference, exercise, seed):
     _runnable(exercise)

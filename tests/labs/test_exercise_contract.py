@@ -1,7 +1,8 @@
 """What every exercise of every lab must show: the reference answer passes its public and hidden
 checks on two seeds (and the checks leave the global RNG alone), the released stub is reported
 as the stub. The second seed is tests/test_labs_end_to_end.py's: it grades every reference
-notebook, public and hidden checks, at seed 20261129; here they run at seed 1. Each lab's tests/labs/test_<lab>_<slug>.py adds its plausible wrong answers.
+notebook, public and hidden checks, at seed 20261129; here they run at seed 1. Each lab's
+tests/labs/test_<lab>_<slug>.py adds its plausible wrong answers.
 Exercises that need what this machine lacks (a CUDA GPU) are skipped with the reason."""
 import pytest
 import torch

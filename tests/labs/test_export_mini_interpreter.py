@@ -56,8 +56,8 @@ def flawed(flaw):
 
 
 @pytest.mark.parametrize("flaw, phrase", [
-    ("no mutations", ("after 2 calls the buffer calls holds [0]; ep.module() leaves [2] in it: "
-                      "it still holds its value from before the first call")),
+    ("no mutations", ("after 2 calls the buffer calls holds [0]; ep.module() leaves [2] in it. "
+                      "Yours still holds its value from before the first call")),
     ("state_dict only", ("scale is not in ep.state_dict: non-persistent buffers and constant "
                          "tensors are in ep.constants")),
     ("returns every output", ("interpret returned 3 values; the program has 2 user outputs "

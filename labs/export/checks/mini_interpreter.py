@@ -152,12 +152,13 @@ def compare(interpret, ep, draw, what: str) -> None:
         have = _state(mine, name)
         if torch.equal(have, real):
             continue
-        how = ("still holds its value from before the first call: write each BUFFER_MUTATION "
-               "output into ep.state_dict[target] (persistent) or ep.constants[target] "
-               "(non-persistent), with copy_" if torch.equal(have, _state(ep, name)) else
-               "differs: is each call's new value written once, after the whole graph ran?")
+        how = ("Yours still holds its value from before the first call. Write each "
+               "BUFFER_MUTATION output into ep.state_dict[target] (persistent) or "
+               "ep.constants[target] (non-persistent), with copy_" if torch.equal(
+                   have, _state(ep, name)) else
+               "Is each call's new value written once, after the whole graph ran?")
         raise CheckFailure(f"for {what}, after {CALLS} calls the buffer {name} holds "
-                           f"{_short(have)}; ep.module() leaves {_short(real)} in it: it {how}.")
+                           f"{_short(have)}; ep.module() leaves {_short(real)} in it. {how}.")
 
 
 def _short(t: torch.Tensor) -> str:

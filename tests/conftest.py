@@ -23,6 +23,23 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 from grader import notebook
 from grader.labs import load_lab
 
+
+def _prime_autograd_engine():
+    """Run one backward before any test registers a device. Autograd starts its device threads
+    once per process, at the first backward (torch/csrc/autograd/engine.cpp:
+    Engine::start_device_threads); if a non-CPU device is registered by then (lab 1's
+    PrivateUse1 backend counts one device), the threads start and every process forked
+    afterwards refuses to run backward ("Unable to handle autograd's threading in combination
+    with fork-based multiprocessing"), which would break lab 5's forked ranks in a pytest worker
+    that ran lab 1's tests first. Primed with only the CPU, the engine starts no threads at all,
+    as in a grading kernel, where each lab runs alone."""
+    import torch
+
+    torch.ones(1, requires_grad=True).sum().backward()
+
+
+_prime_autograd_engine()
+
 def load_answer(exercise_id: str, source: str = "solutions"):
     """The object the answer cell of ``exercise_id`` binds, executed from ``source``
     (``solutions`` for the reference answer, ``notebooks`` for the released stub), after the

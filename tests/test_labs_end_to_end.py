@@ -1,6 +1,12 @@
 """Every lab end to end, in real kernels: the reference notebook scores full marks and runs
 without an error, and the released notebook scores zero with every exercise naming
-NotImplementedError (or skipped where this machine lacks what it needs)."""
+NotImplementedError (or skipped where this machine lacks what it needs).
+
+The released notebooks are graded whole for the labs whose narrative hands the learner's answers
+to other processes or compilers (lab 5's forked ranks, lab 6's exporters): for every lab, each
+released stub is run through its checks by tests/labs/test_exercise_contract.py, and hostile
+fixtures grade stubs in kernels (tests/hostile/catalogue.py); a whole-notebook grading of the
+other four releases would cost CI about a minute for little more."""
 import shutil
 
 import pytest
@@ -12,6 +18,7 @@ from grader.release import release
 from tests.conftest import ROOT
 
 LABS = [lab for lab in lab_ids() if load_lab(lab).root == ROOT]
+STUBS_GRADED_WHOLE = ["distributed", "export"]
 
 
 def _grade(src, tmp_path):
@@ -38,7 +45,7 @@ def test_reference_solution_scores_full_marks_and_runs_clean(lab_id, tmp_path):
     assert errors == []
 
 
-@pytest.mark.parametrize("lab_id", LABS)
+@pytest.mark.parametrize("lab_id", STUBS_GRADED_WHOLE)
 def test_released_notebook_scores_zero_naming_the_stub(lab_id, tmp_path):
     lab = load_lab(lab_id)
     result = _grade(ROOT / "notebooks" / f"{lab.notebook}.ipynb", tmp_path)

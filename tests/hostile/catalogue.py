@@ -422,9 +422,9 @@ FIXTURES = [
             chain(before(A, "engine", "while True:\n    pass"),
                   before(A, "checkpoint",
                          "import itertools\nfor i in itertools.count():\n    print('spam', i)")),
-            {"engine": ("timeout", "exceeded the time limit of 15 s while running your answer"),
-             "checkpoint": ("timeout", "exceeded the time limit of 15 s")},
-            timeout=15),
+            {"engine": ("timeout", "exceeded the time limit of 10 s while running your answer"),
+             "checkpoint": ("timeout", "exceeded the time limit of 10 s")},
+            timeout=10),
     Fixture("recursion-error-and-patched-grader", "deep recursion (RecursionError), then the "
             "grader's run_checks replaced from the last answer", D,
             chain(after(D, "views", "def {name}(*args, **kwargs):\n"

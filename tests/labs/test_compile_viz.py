@@ -4,27 +4,17 @@ FX node in its opcode's colour, one arrow per input edge; each source line in th
 dropdown without a kernel; the kernel list reads real Inductor output code."""
 
 import inspect
-import io
 import operator
 
 import pytest
 import torch
 import torch.fx
 from matplotlib.colors import to_rgba
-from matplotlib.figure import Figure
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from labs.compile import programs, viz
-
-
-def _render(fig):
-    assert isinstance(fig, Figure)
-    fig.savefig(io.BytesIO(), format="png")
-    return fig
-
-
-def _gid(artists, prefix):
-    return [a for a in artists if (a.get_gid() or "").startswith(prefix)]
+from tests.labs._figures import by_gid as _gid
+from tests.labs._figures import render as _render
 
 
 def _boxes(ax):

@@ -5,7 +5,6 @@ bucket and its rebuilt buckets, and the timeline draws one bar per bucket; place
 agrees with what ``distribute_tensor`` leaves on each rank of a real mesh; the cost curves plot
 what the cost model returns and mark where ring and tree all-reduce cross."""
 
-import io
 import itertools
 import math
 import re
@@ -15,21 +14,12 @@ import torch
 import torch._dynamo  # (distribute_tensor's first call imports it: once here, not per rank)
 import torch.distributed as dist
 import torch.nn.parallel  # (imported before the ranks fork, not in each)
-from matplotlib.figure import Figure
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 
 from labs.distributed import launch, viz
-
-
-def _render(fig):
-    assert isinstance(fig, Figure)
-    fig.savefig(io.BytesIO(), format="png")
-    return fig
-
-
-def _gid(artists, prefix):
-    return [a for a in artists if (a.get_gid() or "").startswith(prefix)]
+from tests.labs._figures import by_gid as _gid
+from tests.labs._figures import render as _render
 
 
 def _exactly(artists, gid):

@@ -5,7 +5,6 @@ by which graph has them); the shape explorer's verdicts are torch's own (the out
 the guard's message) and it follows its sliders without a kernel."""
 
 import html
-import io
 import operator
 import warnings
 
@@ -13,22 +12,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from matplotlib.colors import to_rgba
-from matplotlib.figure import Figure
 from torch import nn
 from torch.export import Dim, export
 from torch.export.graph_signature import InputKind, OutputKind
 
 from labs.export import models, viz
-
-
-def _render(fig):
-    assert isinstance(fig, Figure)
-    fig.savefig(io.BytesIO(), format="png")
-    return fig
-
-
-def _gid(artists, prefix):
-    return [a for a in artists if (a.get_gid() or "").startswith(prefix)]
+from tests.labs._figures import by_gid as _gid
+from tests.labs._figures import render as _render
 
 
 def _export(model, args, **kwargs):

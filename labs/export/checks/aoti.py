@@ -41,6 +41,7 @@ import torch._inductor.config as inductor_config
 
 from grader.checks import CheckFailure, check, plain_tensor
 from labs.export import models
+from labs.export.checks._parity import same_as_eager
 
 EXERCISE = "export.aoti"
 WIDTHS = [16, 32, 32, 4]
@@ -178,12 +179,7 @@ def _run(runner, model: torch.nn.Module, batches: list[int], g: torch.Generator)
         plain_tensor(got, f"what the loaded package returned at batch {batch}")
         with torch.no_grad():
             want = model(x)
-        if got.shape != want.shape:
-            raise CheckFailure(f"for {WHAT}, at batch {batch} the loaded package returned shape "
-                               f"{list(got.shape)}; the eager model returns {list(want.shape)}.")
-        torch.testing.assert_close(got, want, msg=lambda m, batch=batch: (
-            f"for {WHAT}, at batch {batch} the loaded package's output differs from the eager "
-            f"model's: {m}"))
+        same_as_eager(got, want, WHAT, batch, "the loaded package")
 
 
 @check(EXERCISE)

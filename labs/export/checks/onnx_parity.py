@@ -35,6 +35,7 @@ from torch import nn
 
 from grader.checks import CheckFailure, check
 from labs.export import models
+from labs.export.checks._parity import same_as_eager
 
 EXERCISE = "export.onnx-parity"
 MAX_BATCH = 64
@@ -176,13 +177,7 @@ def _compare(to_onnx, model: nn.Module, example: torch.Tensor, g: torch.Generato
                     f"(input {list(x.shape)}): {str(exc).strip()[:300]}. Does the graph hold a "
                     "size fixed at the example's batch (a traced shape)?") from None
             got = torch.from_numpy(got[0])
-            if got.shape != want.shape:
-                raise CheckFailure(
-                    f"for {what}, at batch {batch} onnxruntime returned shape {list(got.shape)}; "
-                    f"the eager model returns {list(want.shape)}.")
-            torch.testing.assert_close(got, want, msg=lambda m, batch=batch: (
-                f"for {what}, at batch {batch} onnxruntime's output differs from the eager "
-                f"model's: {m}"))
+            same_as_eager(got, want, what, batch, "onnxruntime")
 
 
 @check(EXERCISE)

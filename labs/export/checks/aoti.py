@@ -28,11 +28,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import logging
 import os
 import sys
 import tempfile
-import warnings
 import zipfile
 
 import torch
@@ -41,7 +39,7 @@ import torch._inductor.config as inductor_config
 
 from grader.checks import CheckFailure, check, plain_tensor
 from labs.export import models
-from labs.export.checks._parity import same_as_eager
+from labs.export.checks._parity import quiet, same_as_eager
 
 EXERCISE = "export.aoti"
 WIDTHS = [16, 32, 32, 4]
@@ -53,21 +51,9 @@ CHECK_INPUTS = "AOTI_RUNTIME_CHECK_INPUTS"
 _LOADED: dict = {}
 
 
-@contextlib.contextmanager
 def _quiet_compile():
     """Warnings and log records below ERROR from export and Inductor kept out of the output."""
-    loggers = [logging.getLogger(name) for name in ("torch._inductor", "torch.export",
-                                                     "torch._export", "torch._dynamo")]
-    levels = [lg.level for lg in loggers]
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for lg in loggers:
-                lg.setLevel(logging.ERROR)
-            yield
-    finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
+    return quiet("torch._inductor", "torch.export", "torch._export", "torch._dynamo")
 
 
 @contextlib.contextmanager

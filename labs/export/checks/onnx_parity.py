@@ -22,11 +22,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
-import logging
 import os
 import sys
 import tempfile
-import warnings
 
 import onnx  # (imported with the checks, so the grader's guard watches onnx and onnxruntime)
 import onnxruntime as ort
@@ -35,7 +33,7 @@ from torch import nn
 
 from grader.checks import CheckFailure, check
 from labs.export import models
-from labs.export.checks._parity import same_as_eager
+from labs.export.checks._parity import quiet, same_as_eager
 
 EXERCISE = "export.onnx-parity"
 MAX_BATCH = 64
@@ -49,17 +47,10 @@ def _exporter_quiet():
     """Keep the exporter's chatter out of the output: its ``[torch.onnx]`` progress lines (printed
     to stdout: the rest of stdout is passed on), warnings, and log records below ERROR."""
     out = io.StringIO()
-    loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript", "torch.export")]
-    levels = [lg.level for lg in loggers]
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(out):
-            warnings.simplefilter("ignore")
-            for lg in loggers:
-                lg.setLevel(logging.ERROR)
+        with quiet("torch.onnx", "onnxscript", "torch.export"), contextlib.redirect_stdout(out):
             yield
     finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
         kept = [line for line in out.getvalue().splitlines(keepends=True)
                 if not line.startswith("[torch.onnx]")]
         if kept:

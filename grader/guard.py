@@ -39,13 +39,25 @@ KEY_FILE = ".grader-key"
 #: the attributes of the classes they define; a learner may add names, not replace them
 WATCHED_MODULES = ("builtins", "math", "operator", "functools", "itertools", "collections",
                    "hmac", "json", "torch", "torch.testing", "torch.testing._comparison",
-                   "torch.autograd", "torch.autograd.graph", "torch.nn.functional", "torch.func",
-                   "torch.library", "numpy", "IPython.display",
+                   "torch.autograd", "torch.autograd.graph", "torch.autograd.variable",
+                   "torch.autograd.forward_ad",
+                   "torch.nn.functional", "torch.func", "torch.library", "torch.utils", "numpy",
+                   "IPython.display", "weakref", "gc", "concurrent.futures",
                    # what the export lab's checks use as oracles and runtimes
                    "torch.export", "torch.export.exported_program", "torch.fx.graph_module",
                    "torch._inductor", "onnx", "onnxruntime",
-                   "onnxruntime.capi.onnxruntime_inference_collection")
-WATCHED_WHOLE = ("builtins", "torch.testing._comparison")  # what assert_close runs
+                   "onnxruntime.capi.onnxruntime_inference_collection",
+                   # what the autograd lab's derivatives check reads derivatives.yaml with
+                   "yaml",
+                   # the dispatcher lab's functionalize oracle (torch.func.functionalize's
+                   # helpers) and the modes its recorder is built on
+                   "torch._functorch.eager_transforms", "torch.utils._python_dispatch",
+                   "torch._subclasses.functional_tensor")
+#: watched private names too: what assert_close runs, the path from torch.autograd.backward /
+#: grad to the engine (_engine_run_backward, _make_grads), and torch.func.functionalize's helpers
+#: (_wrap_functional_tensor, _propagate_functional_input_mutation), which checks use as oracles
+WATCHED_WHOLE = ("builtins", "torch.testing._comparison", "torch.autograd",
+                 "torch._functorch.eager_transforms")
 #: names the kernel itself rebinds as it runs (ipykernel's ``input`` per request, ``_`` results)
 KERNEL_OWNED = {"builtins._", "builtins.input", "builtins.__", "builtins.___"}
 
@@ -175,7 +187,10 @@ def arm(lab_id: str) -> None:
     if lab.torch and importlib.util.find_spec("torch") is not None:
         import torch  # noqa: F401  (snapshot torch before any learner code could patch it)
         import torch.testing._comparison  # noqa: F401
-    registry = {e.id: tuple(checks.checks_for(e.id)) for e in lab.exercises}
+    for e in lab.exercises:
+        checks.checks_for(e.id)  # imports the lab's checks
+    # in registration order, as tampering() reads the registry (checks_for puts public first)
+    registry = {e.id: tuple(checks._REGISTRY[e.id]) for e in lab.exercises}
     snap = Snapshot(_entries(lab_id), registry, set(threading.enumerate()),
                     {p.pid for p in _alive_children()})
     _STATE.clear()

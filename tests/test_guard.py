@@ -65,6 +65,20 @@ def test_replaced_registered_checks_are_named(armed, monkeypatch):
     assert guard.tampering("toy.add") == ["the registered checks of toy.add"]
 
 
+def test_a_hidden_check_defined_before_a_public_one_is_not_tampering(tmp_path, monkeypatch):
+    # the snapshot keeps the registration order, which checks_for() (public first) does not
+    monkeypatch.setitem(checks._REGISTRY, "toy.mul", list(checks._REGISTRY["toy.mul"]))
+    checks.check("toy.mul", hidden=True)(lambda mul, ctx: None)
+    checks.check("toy.mul")(lambda mul, ctx: None)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / guard.KEY_FILE).write_bytes(b"k" * 32)
+    guard.arm("toy")
+    try:
+        assert guard.tampering("toy.mul") == []
+    finally:
+        guard._STATE.clear()
+
+
 def test_a_wrapper_from_the_notebook_is_tampering_even_if_it_wraps_the_original(armed, monkeypatch):
     @functools.wraps(torch.allclose)
     def agreeable(*args, **kwargs):

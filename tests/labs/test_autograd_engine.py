@@ -146,6 +146,42 @@ def _first_come_engine(output, grad_output=None):
     return grads
 
 
+def _sequence_order_engine(output, grad_output=None):
+    """No dependency counting: runs every reachable node once, in global descending
+    _sequence_nr() order. Right on any graph built by one thread, where that order is a
+    topological one; wrong on a graph built by two threads."""
+    grad_output = torch.ones_like(output) if grad_output is None else grad_output
+    root = output.grad_fn
+    nodes, seen, stack = [], {root}, [root]
+    while stack:
+        node = stack.pop()
+        nodes.append(node)
+        for nxt, _ in node.next_functions:
+            if nxt is not None and nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    nodes.sort(key=lambda n: n._sequence_nr(), reverse=True)
+    buffers = {n: [None] * len(n._input_metadata) for n in nodes}
+    buffers[root][output.output_nr] = grad_output
+    grads = {}
+    with torch.no_grad():
+        for node in nodes:
+            if hasattr(node, "variable"):
+                continue
+            outs = node(*buffers[node])
+            outs = outs if isinstance(outs, tuple) else (outs,)
+            for (nxt, nr), g in zip(node.next_functions, outs):
+                if nxt is None or g is None:
+                    continue
+                g = _fit(g, nxt, nr)
+                if hasattr(nxt, "variable"):
+                    grads[nxt.variable] = grads[nxt.variable] + g if nxt.variable in grads else g
+                    continue
+                slots = buffers[nxt]
+                slots[nr] = g if slots[nr] is None else slots[nr] + g
+    return grads
+
+
 def _torch_engine(output, grad_output=None):
     """Lets torch do the work."""
     leaves = []
@@ -170,6 +206,8 @@ WRONG = {
     "overwrites fan-out gradients": (_engine(accumulate="overwrite"), "differs"),
     "no dependency counting (runs a node per incoming gradient)": (_eager_engine, "time(s)"),
     "no dependency counting (runs a node at first arrival)": (_first_come_engine, "order"),
+    "no dependency counting (global descending _sequence_nr())": (_sequence_order_engine,
+                                                                  "count per thread"),
     "FIFO ready queue": (_engine(queue="fifo"), "order"),
     "LIFO ready queue": (_engine(queue="lifo"), "order"),
     "accumulates in place": (_engine(accumulate="inplace"), "RuntimeError"),
@@ -186,6 +224,21 @@ WRONG = {
 def test_plausible_wrong_answers_fail(name):
     answer, phrase = WRONG[name]
     assert_rejected(EX, answer, phrase, seed=0)
+
+
+def test_a_sequence_order_schedule_only_fails_on_graphs_built_by_two_threads():
+    """On graphs built by one thread descending _sequence_nr() is a valid schedule (it scored full
+    marks once); the hidden graphs built by two threads are what refuses it, on every seed."""
+    assert run_checks(EX, _sequence_order_engine, seed=0, hidden=False).status == "passed"
+    for seed in (1, 2):
+        v = assert_rejected(EX, _sequence_order_engine, "dependency count reaches zero", seed=seed)
+        assert v.message.startswith("hidden check") and "built by two threads" in v.message
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_reference_passes(reference, seed):
+    v = run_checks(EX, reference(EX), seed=seed, hidden=True)
+    assert v.status == "passed", v.message
 
 
 # ------------------------------------------------------------------ lying answers

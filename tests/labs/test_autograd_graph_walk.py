@@ -11,11 +11,46 @@ from tests.conftest import assert_rejected, load_answer
 from tests.labs._liars import LyingDict, LyingList
 
 EX = "autograd.graph-walk"
+ACC_SEQ = 2**64 - 1
 
 
 # ------------------------------------------------------------------ plausible wrong answers
-def _walk(*, dedup="identity", keep_dup_edges=True, into_leaves=True, sort=True, skip_none=True):
-    """An iterative walk with one deliberate flaw, chosen by the keywords."""
+def _topological_rank(root):
+    """{node: position} in one topological order of the graph below root (Kahn's algorithm)."""
+    deps, seen, stack = collections.Counter(), {root}, [root]
+    while stack:
+        for nxt, _ in stack.pop().next_functions:
+            if nxt is not None:
+                deps[nxt] += 1
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+    rank, ready = {}, [root]
+    while ready:
+        node = ready.pop()
+        rank[node] = len(rank)
+        for nxt, _ in node.next_functions:
+            if nxt is not None:
+                deps[nxt] -= 1
+                if deps[nxt] == 0:
+                    ready.append(nxt)
+    return rank
+
+
+ORDERS = {
+    "topological": lambda root: _topological_rank(root).__getitem__,
+    "by sequence number": lambda root: lambda n: -n._sequence_nr(),
+    # by sequence number, AccumulateGrad last: right on any graph built by one thread
+    "by sequence number, AccumulateGrad last": lambda root: lambda n: (
+        1 if n._sequence_nr() == ACC_SEQ else 0, -n._sequence_nr()),
+    "as walked": None,
+}
+
+
+def _walk(*, dedup="identity", keep_dup_edges=True, into_leaves=True, order="topological",
+          skip_none=True):
+    """An iterative walk with one deliberate flaw, chosen by the keywords (``order`` names how
+    the nodes are ordered, one of ORDERS)."""
     def walk_graph(output):
         root = output.grad_fn
         nodes, edges = [], []
@@ -35,8 +70,8 @@ def _walk(*, dedup="identity", keep_dup_edges=True, into_leaves=True, sort=True,
                 if dedup is None or key(nxt) not in seen:
                     seen.add(key(nxt))
                     stack.append(nxt)
-        if sort:
-            nodes.sort(key=lambda n: n._sequence_nr(), reverse=True)
+        if ORDERS[order] is not None:
+            nodes.sort(key=ORDERS[order](root))
         if not keep_dup_edges:
             edges = list({(id(a), id(b), nr): (a, b, nr) for a, b, nr in edges}.values())
         return {"nodes": nodes, "edges": edges,
@@ -45,20 +80,42 @@ def _walk(*, dedup="identity", keep_dup_edges=True, into_leaves=True, sort=True,
 
 
 def _recursive_walk(output):
-    """Right answer, written recursively: fails on deep graphs."""
-    nodes, edges, seen = [], [], set()
+    """Right answer, written recursively (reversed post-order): fails on deep graphs."""
+    post, edges, seen = [], [], set()
 
     def visit(node):
         seen.add(node)
-        nodes.append(node)
         for nxt, nr in node.next_functions:
             if nxt is not None:
                 edges.append((node, nxt, nr))
                 if nxt not in seen:
                     visit(nxt)
+        post.append(node)
 
     visit(output.grad_fn)
-    nodes.sort(key=lambda n: n._sequence_nr(), reverse=True)
+    nodes = post[::-1]
+    return {"nodes": nodes, "edges": edges, "leaves": [n.variable for n in nodes if hasattr(n, "variable")]}
+
+
+def _reversed_postorder(output):
+    """Another valid design: an iterative DFS whose reversed post-order is a topological order."""
+    root = output.grad_fn
+    post, edges, seen, stack = [], [], {root}, [(root, iter(root.next_functions))]
+    while stack:
+        node, it = stack[-1]
+        step = next(it, None)
+        if step is None:
+            stack.pop()
+            post.append(node)
+            continue
+        nxt, nr = step
+        if nxt is None:
+            continue
+        edges.append((node, nxt, nr))
+        if nxt not in seen:
+            seen.add(nxt)
+            stack.append((nxt, iter(nxt.next_functions)))
+    nodes = post[::-1]
     return {"nodes": nodes, "edges": edges, "leaves": [n.variable for n in nodes if hasattr(n, "variable")]}
 
 
@@ -67,7 +124,10 @@ WRONG = {
     "dedup by name()": (_walk(dedup="name"), "misses"),
     "duplicate edges merged": (_walk(keep_dup_edges=False), "duplicates included"),
     "stops before AccumulateGrad": (_walk(into_leaves=False), "AccumulateGrad"),
-    "not sorted by sequence number": (_walk(sort=False), "sorted"),
+    "nodes in the order the walk met them": (_walk(order="as walked"), "before all the nodes"),
+    "sorted by sequence number": (_walk(order="by sequence number"), "UINT64_MAX"),
+    "sorted by sequence number, AccumulateGrad last": (
+        _walk(order="by sequence number, AccumulateGrad last"), "built by two threads"),
     "None edges kept": (_walk(skip_none=False), "None"),
     "recursive walk": (_recursive_walk, "recursion"),
     "returns a list": (lambda output: [output.grad_fn], "dict"),
@@ -78,6 +138,16 @@ WRONG = {
 def test_plausible_wrong_answers_fail(name):
     answer, phrase = WRONG[name]
     assert_rejected(EX, answer, phrase, seed=0)
+
+
+def test_sorting_by_sequence_number_only_fails_on_graphs_built_by_two_threads():
+    """Within one thread sequence numbers do decrease along the edges between op nodes; the
+    hidden graphs built by two threads are what refuses the sort."""
+    answer = _walk(order="by sequence number, AccumulateGrad last")
+    assert run_checks(EX, answer, seed=0, hidden=False).status == "passed"
+    for seed in (1, 2):
+        v = assert_rejected(EX, answer, "count per thread", seed=seed)
+        assert v.message.startswith("hidden check") and "two threads" in v.message
 
 
 # ------------------------------------------------------------------ lying answers
@@ -137,6 +207,17 @@ def test_lying_answers_would_fool_a_naive_comparison():
 def test_lying_answers_are_refused_for_their_type(name):
     answer, phrase = LYING[name]
     assert_rejected(EX, answer, phrase, seed=0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_reference_passes(seed):
+    v = run_checks(EX, _reference_walk(), seed=seed, hidden=True)
+    assert v.status == "passed", v.message
+
+
+def test_another_topological_order_still_passes():
+    v = run_checks(EX, _reversed_postorder, seed=0, hidden=True)
+    assert v.status == "passed", v.message
 
 
 def test_honest_variants_of_the_result_still_pass():

@@ -56,10 +56,55 @@ def mean_loss_over_the_batch(model, loss_fn, inputs, targets):
     return vmap(grad(one), in_dims=(None, 0, 0))(params, inputs, targets)
 
 
+def loop_of_autograd_grad(model, loss_fn, inputs, targets):
+    """Right numbers from a loop of torch.autograd.grad, one model run per example."""
+    named = _trainable(model)
+    rows = [torch.autograd.grad(loss_fn(model(inputs[i:i + 1]), targets[i:i + 1]),
+                                list(named.values())) for i in range(len(inputs))]
+    return {n: torch.stack([r[j] for r in rows]) for j, n in enumerate(named)}
+
+
 @pytest.mark.parametrize("wrong", [full_batch_gradient, summed_over_the_batch, loop_with_backward,
                                    differentiates_everything, mean_loss_over_the_batch])
 def test_wrong_answers_fail(wrong):
     assert_rejected(EX, wrong)
+
+
+def test_a_loop_of_model_runs_breaks_the_contract():
+    assert_rejected(EX, loop_of_autograd_grad, "one run of the model per call")
+
+
+# ------------------------------------------------------------------ other designs the contract allows
+def one_forward_then_a_backward_per_example(model, loss_fn, inputs, targets):
+    """One run of the model on the batch, then one torch.autograd.grad per example's loss."""
+    named = _trainable(model)
+    out = model(inputs)
+    rows = [torch.autograd.grad(loss_fn(out[i:i + 1], targets[i:i + 1]), list(named.values()),
+                                retain_graph=True) for i in range(len(inputs))]
+    return {n: torch.stack([r[j] for r in rows]) for j, n in enumerate(named)}
+
+
+def batched_grad_outputs(model, loss_fn, inputs, targets):
+    """One run of the model, one backward vmapped over one-hot grad_outputs (is_grads_batched)."""
+    named = _trainable(model)
+    out = model(inputs)
+    losses = torch.stack([loss_fn(out[i:i + 1], targets[i:i + 1]) for i in range(len(inputs))])
+    eye = torch.eye(len(inputs), dtype=losses.dtype)
+    grads = torch.autograd.grad(losses, list(named.values()), eye, is_grads_batched=True)
+    return dict(zip(named, grads))
+
+
+@pytest.mark.parametrize("design", [one_forward_then_a_backward_per_example, batched_grad_outputs])
+def test_designs_other_than_vmap_of_grad_pass(design):
+    """The spec states the contract (one model run, per-example gradients), not vmap(grad(...))."""
+    v = run_checks(EX, design, seed=0, hidden=True)
+    assert v.status == "passed", v.message
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_reference_passes(reference, seed):
+    v = run_checks(EX, reference(EX), seed=seed, hidden=True)
+    assert v.status == "passed", v.message
 
 
 # ------------------------------------------------------------------ lying answers

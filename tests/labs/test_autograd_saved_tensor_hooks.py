@@ -1,14 +1,20 @@
 """autograd.saved-tensor-hooks: plausible wrong answers fail, called directly through run_checks (milliseconds).
 The reference and the stub are tested for every exercise in test_exercise_contract.py."""
 import collections
+import functools
 
 import pytest
 import torch
 
 from grader.checks import run_checks
-from tests.conftest import assert_rejected
+from tests.conftest import assert_rejected, load_answer
 
 EX = "autograd.saved-tensor-hooks"
+
+
+@functools.lru_cache(maxsize=1)
+def _reference():
+    return load_answer(EX)
 
 
 # ------------------------------------------------------------------ plausible wrong answers
@@ -62,10 +68,89 @@ def forgets_the_device(dtype=torch.bfloat16):
     return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
 
+def keeps_the_saved_tensor_itself(dtype=torch.bfloat16):
+    """Compresses right, but keeps the tensors it does not compress as `t`, not `t.detach()`: a
+    node's own saved output then keeps that node, and the whole graph, alive."""
+    def pack(t):
+        if t.is_floating_point() and t.element_size() > dtype.itemsize:
+            return (t.to(dtype), t.dtype, t.device)
+        return t
+
+    def unpack(p):
+        return p[0].to(device=p[2], dtype=p[1]) if isinstance(p, tuple) else p
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+
+class _Holder:
+    """A plain object holding what was packed."""
+
+    def __init__(self, t):
+        self.t = t
+
+
+def keeps_outputs_in_an_object(dtype=torch.bfloat16):
+    """Compresses right, but wraps each uncompressed tensor itself in a plain object."""
+    def pack(t):
+        if t.is_floating_point() and t.element_size() > dtype.itemsize:
+            return (t.to(dtype), t.dtype, t.device)
+        return _Holder(t)
+
+    def unpack(p):
+        return p[0].to(device=p[2], dtype=p[1]) if isinstance(p, tuple) else p.t
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+
+def detaches_only_non_leaves(dtype=torch.bfloat16):
+    """Detaches what a node computed, but keeps leaves (parameters, inputs) as they are: no cycle,
+    but the contract asks for no tensor that requires grad."""
+    def pack(t):
+        if t.is_floating_point() and t.element_size() > dtype.itemsize:
+            return (t.to(dtype), t.dtype, t.device)
+        return t if t.is_leaf else t.detach()
+
+    def unpack(p):
+        return p[0].to(device=p[2], dtype=p[1]) if isinstance(p, tuple) else p
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+
 @pytest.mark.parametrize("wrong", [never_restores_dtype, casts_integers_too, compresses_nothing,
                                    keeps_the_original_too, recasts_narrow_floats, returns_the_pair])
 def test_wrong_answers_fail(wrong):
     assert_rejected(EX, wrong)
+
+
+@pytest.mark.parametrize("wrong", [keeps_the_saved_tensor_itself, keeps_outputs_in_an_object])
+def test_keeping_the_saved_tensor_itself_fails_as_a_leak(wrong):
+    """It scored full marks once: the graph it keeps alive is now looked for."""
+    v = assert_rejected(EX, wrong, "reference cycle")
+    assert "dropped without backward is still alive" in v.message
+
+
+def test_a_leak_is_real():
+    """What the check looks for: with the tensor itself packed, a dropped graph survives gc."""
+    import gc
+    import weakref
+
+    refs = []
+    for answer in (keeps_the_saved_tensor_itself, _reference()):
+        a = torch.randn(4, dtype=torch.float16, requires_grad=True)
+        with answer(torch.bfloat16):
+            y = a.exp()
+        refs.append(weakref.ref(y))
+        del y
+        gc.collect()
+    assert refs[0]() is not None and refs[1]() is None
+
+
+def test_keeping_leaves_that_require_grad_is_refused():
+    v = assert_rejected(EX, detaches_only_non_leaves, "holds a tensor that requires grad")
+    assert v.message.startswith("hidden check")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_reference_passes(seed):
+    v = run_checks(EX, _reference(), seed=seed, hidden=True)
+    assert v.status == "passed", v.message
 
 
 def test_a_cpu_only_answer_passes_on_cpu():

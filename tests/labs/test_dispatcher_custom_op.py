@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from grader.checks import run_checks
-from tests.conftest import assert_rejected
+from tests.conftest import assert_rejected, load_answer
 from tests.labs._liars import LyingTensor, fools_allclose, lying
 
 EX = "dispatcher.custom-op"
@@ -190,3 +190,35 @@ def test_lying_answers_would_fool_a_naive_comparison():
 def test_lying_answers_are_refused_for_their_type(name):
     answer, phrase = LYING[name]
     assert_rejected(EX, answer, phrase, seed=0)
+
+
+# ------------------------------------------------------------------ the contract, not a recipe
+def _low_level(qualname):
+    """Another design the contract allows: torch.library's functions on a schema written by hand,
+    returning the OpOverload (no CustomOpDef)."""
+    torch.library.define(qualname, "(Tensor x, float temperature) -> Tensor")
+    torch.library.impl(qualname, "CompositeExplicitAutograd", func=_smooth_max)
+    torch.library.register_fake(qualname, lambda x, t: x.new_empty(x.shape[:-1]))
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+        ctx.temperature = inputs[1]
+
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad.unsqueeze(-1) * torch.softmax(x / ctx.temperature, dim=-1), None
+
+    torch.library.register_autograd(qualname, backward, setup_context=setup_context)
+    namespace, name = qualname.split("::")
+    return getattr(getattr(torch.ops, namespace), name).default
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_reference_passes(seed):
+    v = run_checks(EX, load_answer(EX), seed=seed, hidden=True)
+    assert v.status == "passed", v.message
+
+
+def test_another_design_passes():
+    v = run_checks(EX, _low_level, seed=0, hidden=True)
+    assert v.status == "passed", v.message

@@ -6,7 +6,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from grader.checks import run_checks
-from tests.conftest import assert_rejected
+from tests.conftest import assert_rejected, load_answer
 from tests.labs._liars import LyingStr
 
 EX = "dispatcher.op-trace"
@@ -109,6 +109,18 @@ class Dedups(_Base):
         return func not in self.ops
 
 
+class SharedLists(TorchDispatchMode):
+    """Keeps its lists on the class: every instance appends to the same two lists."""
+
+    ops, nodes = [], []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        node = torch._C._current_autograd_node()
+        self.ops.append(func)
+        self.nodes.append(None if node is None else node.name())
+        return func(*args, **(kwargs or {}))
+
+
 class FunctionMode(TorchFunctionMode):
     """A TorchFunctionMode: sees torch API calls, not aten overloads."""
 
@@ -132,6 +144,7 @@ WRONG = {
     "no nodes": (NoNodes, "_current_autograd_node"),
     "records each overload once": (Dedups, "repeats"),
     "a TorchFunctionMode": (FunctionMode, "TorchDispatchMode"),
+    "lists shared by every instance": (SharedLists, "shared by every instance"),
 }
 
 
@@ -140,6 +153,35 @@ WRONG = {
 def test_plausible_wrong_answers_fail(name, seed):
     answer, phrase = WRONG[name]
     assert_rejected(EX, answer, phrase, seed=seed)
+
+
+class PairsMadeOnEnter(TorchDispatchMode):
+    """Another design the contract allows: (op, node) pairs kept in one list made by __enter__,
+    with `ops` and `nodes` as read-only views of it."""
+
+    def __enter__(self):
+        self.calls = []
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        node = torch._C._current_autograd_node()
+        self.calls.append((func, node and node.name()))
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def ops(self):
+        return [op for op, _ in self.calls]
+
+    @property
+    def nodes(self):
+        return [node for _, node in self.calls]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_reference_and_another_design_pass(seed):
+    for answer in (load_answer(EX), PairsMadeOnEnter):
+        v = run_checks(EX, answer, seed=seed, hidden=True)
+        assert v.status == "passed", v.message
 
 
 def test_holding_tensors_is_caught_and_explained():

@@ -5,18 +5,20 @@ import pytest
 import torch
 
 from grader.checks import run_checks
-from tests.conftest import assert_rejected
+from tests.conftest import assert_rejected, load_answer
 
 EX = "dispatcher.privateuse1"
 
 
 # ------------------------------------------------------------------ plausible wrong answers
 def _backend(*, empty="right", copy="right", add="right", alpha=True, promote=True, scalars=True,
-             register=("empty.memory_format", "empty_strided", "_copy_from", "add.Tensor"), own_library=False):
-    """A register_backend like the reference, with one part replaced by a plausible mistake."""
+             register=("empty.memory_format", "empty_strided", "_copy_from", "add.Tensor"), own_library=False,
+             name=None):
+    """A register_backend like the reference, with one part replaced by a plausible mistake. ``name``:
+    the backend's name as a fixed string instead of asking torch when the kernels are registered."""
 
     def register_backend(lib):
-        backend = torch._C._get_privateuse1_backend_name()
+        backend = torch._C._get_privateuse1_backend_name() if name is None else name
 
         def on_device(v):
             return isinstance(v, torch.Tensor) and v.device.type == backend
@@ -95,6 +97,11 @@ WRONG = {
     "no add kernel": (_backend(register=("empty.memory_format", "empty_strided", "_copy_from")), "add.Tensor"),
     "registers on a Library of its own": (_backend(own_library=True), "registered nothing"),
     "empty returns a CPU tensor": (_fake_device_tensor, "not on the"),
+    # the name this process's PrivateUse1 has, typed in (as "toy" was when the notebook renamed it)
+    "hard-codes the backend's name": (_backend(name="privateuseone"), "depend on the backend's name"),
+    # read once, when the cell ran (as the notebook's BACKEND global is), not when the kernels run
+    "the name read before the checks run": (_backend(name=torch._C._get_privateuse1_backend_name()),
+                                            "depend on the backend's name"),
 }
 
 
@@ -106,6 +113,22 @@ def test_plausible_wrong_answers_fail(name):
         _LEAKED.pop()._destroy()
     assert v.status in ("failed", "error"), (name, v.message)
     assert phrase in v.message, (name, v.message)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_reference_passes(seed):
+    v = run_checks(EX, load_answer(EX), seed=seed, hidden=True)
+    assert v.status == "passed", v.message
+    assert torch._C._get_privateuse1_backend_name() == "privateuseone"  # renamed only in the child
+
+
+def test_a_process_that_renamed_the_backend_is_told_why_the_check_cannot_run(monkeypatch):
+    monkeypatch.setattr(torch._C, "_get_privateuse1_backend_name", lambda: "toy")
+    from grader.checks import CheckContext, CheckFailure
+    from labs.dispatcher.checks.privateuse1 import renamed_backend
+
+    with pytest.raises(CheckFailure, match="rename_privateuse1_backend call"):
+        renamed_backend(load_answer(EX), CheckContext())
 
 
 def test_checks_leave_no_backend_behind(reference):

@@ -1,10 +1,15 @@
 """dispatcher.views: plausible wrong geometries fail, called directly through run_checks (milliseconds).
 The reference and the stub are tested for every exercise in test_exercise_contract.py."""
+import math
+import threading
+
 import pytest
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from grader.checks import run_checks
-from tests.conftest import assert_rejected
+from labs.dispatcher.checks.views import _apply
+from tests.conftest import assert_rejected, load_answer
 from tests.labs._liars import LyingList
 
 EX = "dispatcher.views"
@@ -45,7 +50,10 @@ def _geometry(flaw=None):
                     start = min(max(start, 0), n)
                     stop = min(max(stop, start), n)
                 offset += start * strides[dim]
-                sizes[dim] = max(0, (stop - start + step - 1) // step)
+                if flaw == "float ceil":
+                    sizes[dim] = max(0, math.ceil((stop - start) / step))
+                else:
+                    sizes[dim] = max(0, (stop - start + step - 1) // step)
                 if flaw != "step keeps the stride":
                     strides[dim] *= step
             elif kind == "select":
@@ -108,6 +116,49 @@ def _asks_torch(shape, ops):
     return torch_geometry(shape, ops)
 
 
+def _read_back(t, ops):
+    """Apply ``ops`` to the tensor ``t`` and read each result's geometry back from torch."""
+    original = t.untyped_storage()._cdata
+    out = []
+    for op in ops:
+        t = _apply(t, op)
+        out.append((tuple(t.shape), t.stride(), t.storage_offset(),
+                    t.untyped_storage()._cdata == original))
+    return out
+
+
+def _with_modes_disabled(make):
+    """Asks torch for the geometry with the current dispatch modes popped, so that the checks'
+    op-detecting mode sees nothing; ``make(shape)`` builds the starting tensor."""
+    def view_geometry(shape, ops):
+        with _disable_current_modes():
+            return _read_back(make(shape), ops)
+    return view_geometry
+
+
+def _with_dispatch_disabled(shape, ops):
+    """Asks torch with Python dispatch switched off altogether (no mode, no subclass is called)."""
+    with torch._C._DisableTorchDispatch():
+        return _read_back(torch.empty(shape, device="meta"), ops)
+
+
+def _in_a_thread(shape, ops):
+    """Asks torch in another thread, whose dispatch-mode stack is empty (it is thread-local)."""
+    result = {}
+
+    def work():
+        try:
+            result["value"] = _read_back(torch.empty(shape, device="meta"), ops)
+        except Exception as exc:  # re-raised in the caller's thread
+            result["error"] = exc
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
 def _lists_not_tuples(shape, ops):
     """Returns (sizes, strides, offset) only: forgets the `shares` flag."""
     return [entry[:3] for entry in _geometry()(shape, ops)]
@@ -123,6 +174,7 @@ WRONG = {
     "contiguous() always copies": (_geometry("contiguous always copies"), "contiguous"),
     "size-1 dims count for contiguity": (_geometry("size-1 strides count"), "_compute_contiguous"),
     "calls torch view ops": (_asks_torch, "called torch operators"),
+    "slice sizes with float division": (_geometry("float ceil"), "never with / or math.ceil"),
     "no shares flag": (_lists_not_tuples, "(sizes, strides, offset, shares)"),
 }
 
@@ -132,6 +184,38 @@ WRONG = {
 def test_plausible_wrong_answers_fail(name, seed):
     answer, phrase = WRONG[name]
     assert_rejected(EX, answer, phrase, seed=seed)
+
+
+# Answers that get the geometry from torch instead of computing it: each gets past the checks'
+# op-detecting mode, and each fails because shapes beyond int64 exist for no tensor, whatever way
+# torch is asked (the kind is closed by what is asked, not by watching how).
+FROM_TORCH = {
+    "real tensors, modes disabled": _with_modes_disabled(torch.empty),
+    "meta tensors, modes disabled": _with_modes_disabled(lambda s: torch.empty(s, device="meta")),
+    "as_strided on a fresh tensor, modes disabled": _with_modes_disabled(
+        lambda s: torch.empty(0, device="meta").as_strided(
+            s, torch.empty(s, device="meta").stride())),
+    "torch.empty(n).view(shape), modes disabled": _with_modes_disabled(
+        lambda s: torch.empty(math.prod(s), device="meta").view(s)),
+    "meta tensors, Python dispatch disabled": _with_dispatch_disabled,
+    "meta tensors in another thread": _in_a_thread,
+}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name", list(FROM_TORCH))
+def test_answers_that_ask_torch_fail(name, seed):
+    answer = FROM_TORCH[name]
+    assert answer((2, 3), [("transpose", 0, 1), ("slice", 0, 1, None, 2)]) == [
+        ((3, 2), (1, 3), 0, True), ((1, 2), (2, 3), 1, True)]   # right wherever torch can answer
+    v = assert_rejected(EX, answer, "sizes above 2**64", seed=seed)
+    assert "beyond" in v.message or "above 2**64" in v.message, v.message
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_reference_passes(seed):
+    v = run_checks(EX, load_answer(EX), seed=seed, hidden=True)
+    assert v.status == "passed", v.message
 
 
 # ------------------------------------------------------------------ lying answers
@@ -201,11 +285,12 @@ def test_lying_answers_are_refused_for_their_type(name, seed):
 
 def test_honest_variants_of_the_result_still_pass():
     """Exact types are required, but lists instead of tuples, a tuple of entries, torch.Size sizes
-    and integral float offsets are not refused."""
+    (within int64) and integral float offsets (within float's exact integers) are not refused."""
     view_geometry = _geometry()
 
     def variant(shape, ops):
-        return tuple([torch.Size(sizes), list(strides), float(offset), shares]
+        return tuple([torch.Size(sizes) if max(sizes, default=0) < 2**63 else sizes,
+                      list(strides), float(offset) if offset < 2**53 else offset, shares]
                      for sizes, strides, offset, shares in view_geometry(shape, ops))
     for seed in (0, 1):
         v = run_checks(EX, variant, seed=seed, hidden=True)

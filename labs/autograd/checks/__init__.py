@@ -2,8 +2,11 @@
 from labs.autograd.checks import (  # noqa: F401  (imported to register their checks)
     checkpoint,
     custom_function,
+    derivatives,
     engine,
+    forward_ad,
     graph_walk,
+    hooks,
     per_sample_grads,
     saved_tensor_hooks,
 )

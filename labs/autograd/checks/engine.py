@@ -5,7 +5,9 @@ Oracles: ``torch.autograd.grad`` for the gradients, and torch's engine for which
 often and in what order. Calls are observed through saved-tensor hooks: every call of a node
 unpacks what it saved, so the sequence of unpacks is the sequence of node calls. The same graph is
 run by the answer first and by ``torch.autograd.grad`` second (with pre-hooks that name the node
-doing each unpack), and the two sequences are compared.
+doing each unpack), and the two sequences are compared. Some graphs are built by two threads:
+sequence numbers count per thread, so there descending ``_sequence_nr()`` is not a valid schedule
+and only dependency counting gives torch's order.
 """
 from __future__ import annotations
 
@@ -13,7 +15,14 @@ from collections import Counter
 
 from grader.checks import CheckFailure, check, exact, plain_tensor
 from labs.autograd.checks._plain import DICTS
-from labs.autograd.checks.graph_walk import _ri, describe, random_graph, torch_graph
+from labs.autograd.checks.graph_walk import (
+    Worker,
+    _ri,
+    crossed_graph,
+    describe,
+    random_graph,
+    torch_graph,
+)
 
 EXERCISE = "autograd.engine"
 
@@ -54,10 +63,11 @@ class _Recorder:
 
 
 def _build(builder):
-    """Run ``builder()`` -> (leaves, output) under a fresh recorder; return (recorder, leaves, output)."""
+    """Run ``builder(rec)`` -> (leaves, output) under a fresh recorder ``rec``; return
+    (recorder, leaves, output)."""
     rec = _Recorder()
     with rec.hooks():
-        leaves, out = builder()
+        leaves, out = builder(rec)
     return rec, leaves, out
 
 
@@ -79,6 +89,10 @@ def _verify(run_backward, builder, where: str, *, grad_output: str = "random",
     ``grad_output``: ``"random"`` (seeded by the builder's generator via ``builder.g``) or
     ``"default"`` (the answer is called without one; torch's ``ones_like`` is the oracle's).
     """
+    note = (" This graph was built by two threads: sequence numbers count per thread, so a node "
+            "made later can carry a lower number than a node it sends gradients to, and ordering "
+            "by _sequence_nr() alone runs that node too early. Run a node only when its dependency "
+            "count reaches zero." if builder.two_threads else "")
     import torch
 
     rec, leaves, out = _build(builder)
@@ -168,7 +182,7 @@ def _verify(run_backward, builder, where: str, *, grad_output: str = "random",
                 f"on {where}, the gradient of {label} differs from torch.autograd.grad (max abs diff "
                 f"{diff:.3g}). If a node or leaf receives gradients along several edges, they must be "
                 "summed before the node runs (InputBuffer) or into the leaf's entry; check that the "
-                "root gradient goes to slot output.output_nr of output.grad_fn.")
+                f"root gradient goes to slot output.output_nr of output.grad_fn.{note}")
         if g.requires_grad:
             raise CheckFailure(
                 f"on {where}, the gradient of {label} has a grad_fn: your engine recorded a graph while "
@@ -203,18 +217,23 @@ def _verify(run_backward, builder, where: str, *, grad_output: str = "random",
             f"on {where}, your engine runs nodes in a different order than torch's: {when} torch runs "
             f"{describe(b[i]) if i < len(b) else 'nothing'} and yours runs {yours}. Among the nodes that are ready, torch's ReadyQueue pops the one "
             "with the highest _sequence_nr() first (engine.h: CompareNodeTaskTime): use a priority "
-            "queue, e.g. heapq on (-node._sequence_nr(), ...).")
+            f"queue, e.g. heapq on (-node._sequence_nr(), ...).{note}")
 
 
 class _Builder:
-    """A graph builder with the seeded generator it draws from (grad_output is drawn from it too)."""
+    """A graph builder with the seeded generator it draws from (grad_output is drawn from it too).
+    With ``two_threads``, ``fn(g, worker)`` gets a :class:`Worker` whose jobs run under the
+    recorder's hooks (saved-tensor hooks are thread-local)."""
 
-    def __init__(self, g, fn):
-        self.g, self.fn = g, fn
+    def __init__(self, g, fn, two_threads: bool = False):
+        self.g, self.fn, self.two_threads = g, fn, two_threads
 
-    def __call__(self):
+    def __call__(self, rec):
         """Build the graph: (leaves, output)."""
-        return self.fn(self.g)
+        if not self.two_threads:
+            return self.fn(self.g)
+        with Worker(context=rec.hooks) as worker:
+            return self.fn(self.g, worker)
 
 
 # --------------------------------------------------------------------------- checks
@@ -288,6 +307,21 @@ def random_graphs(run_backward, ctx):
         n_ops = _ri(g, 3, 30)
         _verify(run_backward, _Builder(g, lambda gen, n=n_ops: random_graph(gen, n)),
                 f"random graph #{i} ({n_ops} ops, seed {ctx.seed})")
+
+
+@check(EXERCISE, hidden=True)
+def graphs_built_by_two_threads(run_backward, ctx):
+    """graphs built by two threads, where descending _sequence_nr() is not a valid schedule"""
+    g = ctx.generator(16)
+    _verify(run_backward, _Builder(g, crossed_graph, two_threads=True),
+            "h = x.sin() built on one thread, k = (h * w).exp() on a second, then (k + h).sum() "
+            "on the first")
+    for i in range(3):
+        n_ops = _ri(g, 8, 30)
+        _verify(run_backward,
+                _Builder(g, lambda gen, worker, n=n_ops: random_graph(gen, n, worker=worker),
+                         two_threads=True),
+                f"random graph #{i} built by two threads ({n_ops} ops, seed {ctx.seed})")
 
 
 def _split_root(g):

@@ -2,10 +2,14 @@
 
 The oracle is the graph the forward pass recorded: every expectation is read from
 ``grad_fn`` / ``next_functions`` / ``AccumulateGrad.variable`` of graphs built here from seeded
-random inputs. :func:`random_graph` is shared with the engine's checks.
+random inputs, some of them by two threads (:func:`random_graph`'s ``worker``), where descending
+``_sequence_nr()`` is not a topological order. :func:`random_graph` is shared with the engine's
+checks.
 """
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import functools
 from collections import Counter
 
@@ -42,12 +46,15 @@ def _twice_function():
     return Twice
 
 
-def random_graph(g, n_ops: int = 20, *, custom_function: bool = False):
+def random_graph(g, n_ops: int = 20, *, custom_function: bool = False, worker=None):
     """A seeded random DAG of float64 vector ops with fan-out, reuse, constants and splits.
 
     Returns ``(leaves, output)``: the leaves that require grad (some may end up unused) and a
     non-leaf output (a vector, summed to a scalar half of the time). ``custom_function`` mixes in
     a custom ``autograd.Function`` node (not callable as ``node(*grads)``: walk-only graphs).
+    ``worker``: a :class:`Worker`; then the calling thread and the worker's thread take turns
+    building the ops, so nodes the worker makes late carry lower sequence numbers than the
+    calling thread's nodes they point to.
     """
     import torch
 
@@ -62,8 +69,8 @@ def random_graph(g, n_ops: int = 20, *, custom_function: bool = False):
             return pool[_ri(g, 0, len(pool) - 1)]
         return pool[max(0, len(pool) - 1 - _ri(g, 0, 3))]   # something recent: depth
 
-    for _ in range(n_ops):
-        kind, a, b = _ri(g, 0, 10), pick(), pick()
+    def make(kind, a, b):
+        """The tensors op ``kind`` makes from ``a`` and ``b``."""
         if kind == 0:
             new = [torch.mul(a, b)]
         elif kind == 1:
@@ -87,6 +94,14 @@ def random_graph(g, n_ops: int = 20, *, custom_function: bool = False):
             new = [twice.apply(a)]
         else:
             new = [torch.mul(torch.sigmoid(a), b)]
+        return new
+
+    in_worker = False
+    for _ in range(n_ops):
+        kind, a, b = _ri(g, 0, 10), pick(), pick()
+        if worker is not None and _ri(g, 0, 2) == 0:   # runs of ops on either thread
+            in_worker = not in_worker
+        new = worker.run(make, kind, a, b) if in_worker else make(kind, a, b)
         pool.extend(t for t in new if t.requires_grad)
     made = [t for t in pool if t.grad_fn is not None]
     if not made:
@@ -98,6 +113,54 @@ def random_graph(g, n_ops: int = 20, *, custom_function: bool = False):
     if _ri(g, 0, 1):
         out = torch.sum(out)
     return leaves, out
+
+
+class Worker:
+    """A second thread that builds parts of a graph; use as ``with Worker() as w: w.run(fn, *args)``.
+
+    Sequence numbers are per thread (``aten/src/ATen/SequenceNumber.h``: a ``thread_local``
+    counter, which ``torch/csrc/autograd/node.h: Node::Node`` reads), and the worker's counts from
+    0. Entering moves the calling thread's counter to at least ``reserve`` (more numbers than the
+    worker will use), so that no two nodes of the graph share a number: among equal numbers the
+    ready queue's order is its heap's, which no answer could replay. ``context``: a callable
+    returning a context manager to enter around each job in the worker (saved-tensor hooks and
+    grad mode are thread-local too).
+    """
+
+    def __init__(self, reserve: int = 1000, context=None):
+        self.reserve, self.context = reserve, context or contextlib.nullcontext
+
+    def __enter__(self):
+        import torch
+
+        leaf = torch.zeros((), requires_grad=True)
+        while (leaf * 1).grad_fn._sequence_nr() < self.reserve:   # one node per turn
+            pass
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)   # one thread throughout
+        return self
+
+    def __exit__(self, *exc):
+        self._pool.shutdown(wait=True)
+
+    def run(self, fn, *args):
+        """``fn(*args)``, run on the worker thread."""
+        def job():
+            with self.context():
+                return fn(*args)
+        return self._pool.submit(job).result()
+
+
+def crossed_graph(g, worker):
+    """The smallest graph where descending ``_sequence_nr()`` is no schedule: ``h = x.sin()`` here,
+    ``k = (h * w).exp()`` on ``worker`` (numbered from 0, below ``h``'s node), then
+    ``(k + h).sum()`` here. Returns ``([x, w], output)``; float64 leaves of a seeded shape."""
+    import torch
+
+    n = _ri(g, 1, 5)
+    x, w = (torch.randn(n, generator=g, dtype=torch.float64).requires_grad_() for _ in range(2))
+    h = torch.sin(x)
+    k = worker.run(lambda: torch.exp(torch.mul(h, w)))
+    return [x, w], torch.sum(torch.add(k, h))
 
 
 def mlp(g):
@@ -171,7 +234,7 @@ def _compare(walk_graph, output, where: str) -> None:
     g_nodes, g_edges, g_leaves = (
         list(exact(got[k], (list, tuple), f"walk_graph(output)[{k!r}]")) for k in _KEYS)
 
-    # nodes: each distinct node once, sorted by _sequence_nr() descending
+    # nodes: each distinct node once, in a topological order
     if any(n is None for n in g_nodes):
         raise CheckFailure(f"on {where}, 'nodes' contains None. A (None, 0) entry of next_functions "
                            "means that input does not require grad: there is no node there; skip it.")
@@ -195,12 +258,26 @@ def _compare(walk_graph, output, where: str) -> None:
     if extra:
         raise CheckFailure(f"on {where}, 'nodes' contains {describe(extra[0])}, which is not reachable "
                            "from output.grad_fn through next_functions.")
-    seqs = [n._sequence_nr() for n in g_nodes]
-    bad = next((i for i in range(len(seqs) - 1) if seqs[i] < seqs[i + 1]), None)
-    if bad is not None:
+    position = {id(n): i for i, n in enumerate(g_nodes)}
+    late = next(((s, d) for s, d, _ in edges if position[id(s)] > position[id(d)]), None)
+    if late is not None:
+        s, d = late
+        numbers = [n._sequence_nr() for n in g_nodes]
+        ops = [k for n, k in zip(g_nodes, numbers) if not hasattr(n, "variable")]
+        if hasattr(d, "variable") and numbers == sorted(numbers, reverse=True):
+            by_number = (" (Every AccumulateGrad carries _sequence_nr() UINT64_MAX: a priority for "
+                         "the ready queue, which only ever holds nodes already fed, not a place "
+                         "in the graph.)")
+        elif s._sequence_nr() < d._sequence_nr() and ops == sorted(ops, reverse=True):
+            by_number = (" Sorting by _sequence_nr() does not give such an order here: the numbers "
+                         "count per thread, and this graph was built by two threads.")
+        else:
+            by_number = ""
         raise CheckFailure(
-            f"on {where}, 'nodes' is not sorted by _sequence_nr() from highest to lowest: "
-            f"{describe(g_nodes[bad])} comes before {describe(g_nodes[bad + 1])}.")
+            f"on {where}, 'nodes' lists {describe(d)} before {describe(s)}, although "
+            f"{describe(s)} has an edge to it (it sends it a gradient). List every node before "
+            "all the nodes its edges point to: an order in which backward could run them, each "
+            f"node after every node that feeds it.{by_number}")
 
     # edges: one per non-None next_functions entry, duplicates kept
     for i, edge in enumerate(g_edges):
@@ -277,6 +354,22 @@ def random_graphs(walk_graph, ctx):
         n_ops = _ri(g, 3, 30)
         _, out = random_graph(g, n_ops, custom_function=bool(i % 2))
         _compare(walk_graph, out, f"random graph #{i} ({n_ops} ops, seed {ctx.seed})")
+
+
+@check(EXERCISE, hidden=True)
+def graphs_built_by_two_threads(walk_graph, ctx):
+    """graphs built by two threads, where descending _sequence_nr() is not a topological order"""
+    g = ctx.generator(5)
+    with Worker() as worker:
+        _, out = crossed_graph(g, worker)
+    _compare(walk_graph, out, "h = x.sin() built on one thread, k = (h * w).exp() on a second, "
+             "then (k + h).sum() on the first")
+    for i in range(3):
+        n_ops = _ri(g, 8, 30)
+        with Worker() as worker:
+            _, out = random_graph(g, n_ops, custom_function=bool(i % 2), worker=worker)
+        _compare(walk_graph, out, f"random graph #{i} built by two threads ({n_ops} ops, seed "
+                 f"{ctx.seed})")
 
 
 @check(EXERCISE, hidden=True)

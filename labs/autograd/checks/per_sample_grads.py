@@ -2,7 +2,9 @@
 returns ``{name: tensor of shape (batch, *param.shape)}`` for the parameters that require grad.
 
 The oracle is a loop over the examples with ``torch.autograd.grad``, one example at a time (as a
-batch of one), on seeded random models and batches.
+batch of one), on seeded random models and batches. The contract, not a recipe, is checked: the
+model runs once per call (a forward pre-hook counts), and the module, its parameters and their
+``.grad`` are left as they were.
 """
 from __future__ import annotations
 
@@ -98,7 +100,7 @@ def _compare(answer, model, loss_fn, inputs, targets, label, rtol=1e-4, atol=1e-
         if batch > 1 and torch.allclose(g, w.mean(0, keepdim=True).expand_as(w), rtol=rtol, atol=atol) \
                 and not torch.allclose(w, w[:1].expand_as(w), rtol=rtol, atol=atol):
             raise CheckFailure(f"{label}: every row of {name!r} is the batch-average gradient; "
-                               "compute each example's gradient on its own (vmap over examples).")
+                               "row i must be the gradient of example i's loss alone.")
         torch.testing.assert_close(
             g, w, rtol=rtol, atol=atol,
             msg=lambda m: f"{label}: {name!r} differs from a per-example loop with "
@@ -135,19 +137,21 @@ def one_vectorized_call_model_untouched(answer, ctx):
         handle.remove()
     if len(calls) != 1:
         raise CheckFailure(
-            f"the model ran {len(calls)} times for a batch of 5; vmap(grad(...)) runs it once, "
-            "on all examples together (each op sees a batched tensor). Don't loop over examples.")
+            f"the model ran {len(calls)} times for a batch of 5; the contract is one run of the "
+            "model per call, on all examples together, not a Python loop of one-example passes.")
     now = dict(model.named_parameters())
     if list(now) != list(params) or any(now[n] is not params[n] for n in params):
-        raise CheckFailure("per_sample_grads replaced the model's parameters; use "
-                           "torch.func.functional_call instead of assigning to the module.")
+        raise CheckFailure("per_sample_grads replaced the model's parameters; leave the module "
+                           "as it was (torch.func.functional_call runs a module with other tensors "
+                           "without assigning them).")
     for n, p in params.items():
         if not torch.equal(p.detach(), before[n]):
             raise CheckFailure(f"per_sample_grads changed the values of {n!r}.")
     if not torch.equal(first.grad, torch.full_like(first, 7.0)) or any(
             p.grad is not None for n, p in params.items() if n != "0.weight"):
-        raise CheckFailure("per_sample_grads changed some parameter's .grad; torch.func.grad "
-                           "returns gradients and must leave .grad alone (no .backward()).")
+        raise CheckFailure("per_sample_grads changed some parameter's .grad; the gradients are "
+                           "the result, not a side effect: leave every .grad as it was (no "
+                           ".backward()).")
 
 
 # ---------------------------------------------------------------- hidden checks

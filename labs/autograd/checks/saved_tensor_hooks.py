@@ -4,11 +4,16 @@ saved tensors as ``dtype`` and whose unpack hook restores their dtype and device
 
 The oracle is autograd itself: the same seeded model run with every wide floating saved tensor
 rounded to ``dtype`` (and, to show that compression happened, run without hooks). What the pack
-hook stores is inspected by wrapping the answer's own ``pack_hook`` / ``unpack_hook`` in a spy pair.
+hook stores is inspected by wrapping the answer's own ``pack_hook`` / ``unpack_hook`` in a spy pair:
+it must hold no tensor that requires grad, and a graph built under the hooks and dropped without
+backward must be freed (a weak reference to its outputs dies), since a packed output of the node
+that saves it would make a reference cycle that only backward breaks.
 """
 from __future__ import annotations
 
+import gc
 import types
+import weakref
 
 import torch
 import torch.nn as nn
@@ -136,6 +141,12 @@ class _Spy:
         for rec in self.records:
             what = _desc(rec["dtype"], rec["shape"])
             held = _tensors_in(rec["packed"], f"for {what}")
+            if any(t.requires_grad for t in held):
+                raise CheckFailure(
+                    f"for {what}, your packed object holds a tensor that requires grad (the saved "
+                    "tensor itself, or something computed from it with grad mode on). When a node "
+                    f"saves its own output, that is a reference cycle: {_CYCLE}. Keep detached "
+                    "tensors only (t.detach()).")
             if _narrow(rec["dtype"], target):
                 small = [t for t in held if t.dtype == target and t.numel() == rec["value"].numel()]
                 if not small:
@@ -175,6 +186,11 @@ class _Spy:
             elif not torch.equal(out, rec["value"]):
                 raise CheckFailure(f"{what} came back from unpack with different values; tensors "
                                    "you do not compress must come back exactly.")
+
+
+_CYCLE = ("output -> grad_fn -> SavedVariable -> your packed object -> output, which only a "
+          "backward pass breaks (release_variables), so a graph dropped without backward is never "
+          "freed")
 
 
 def _grads(run, tensors):
@@ -279,6 +295,28 @@ def packs_narrow_and_restores(answer, ctx):
     """float32 saved tensors are packed as bfloat16 and come back with their dtype, shape and device"""
     _mlp_case(answer, ctx.generator(1), [5, 7, 3], 3, torch.float32, torch.bfloat16, ctx.device,
               "small MLP, dtype=torch.bfloat16")
+
+
+@check(EXERCISE)
+def dropped_graph_is_freed(answer, ctx):
+    """a graph built under your hooks and dropped without backward is freed"""
+    gen = ctx.generator(5)
+    hooks = _hooks(answer, torch.bfloat16)
+    a = torch.randn(6, generator=gen).to(device=ctx.device, dtype=torch.float16).requires_grad_()
+    with hooks:                                   # float16 under bfloat16: nothing is compressed
+        y = torch.exp(a * 0.5)                    # ExpBackward0 saves its own output, y
+        z = torch.tanh(y)                         # TanhBackward0 saves its own output, z
+        loss = (z * y).sum()
+    alive = [weakref.ref(y), weakref.ref(z)]
+    del y, z, loss
+    if any(ref() is not None for ref in alive):
+        gc.collect()                              # (slow: only when reference counts did not do)
+    if any(ref() is not None for ref in alive):
+        raise CheckFailure(
+            "a graph of float16 ops (y = exp(a * 0.5), z = tanh(y), (z * y).sum()) built under your "
+            "hooks with dtype=torch.bfloat16 and dropped without backward is still alive: what your "
+            "pack hook keeps holds the saved tensor itself. exp and tanh save their own outputs, "
+            f"so that makes a reference cycle {_CYCLE}. Keep a detached tensor (t.detach()).")
 
 
 # ---------------------------------------------------------------- hidden checks

@@ -187,7 +187,8 @@ def _no_grad_and_ints(g):
 
 # ------------------------------------------------------------------------ comparing
 def _mode(OpTrace):
-    """Instantiate the answer and insist on a TorchDispatchMode with an ``ops`` list."""
+    """Instantiate the answer, which must be a TorchDispatchMode class. What it keeps, and how, is
+    the answer's design; only what it shows after a run (``ops`` and ``nodes``) is checked."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     if not (isinstance(OpTrace, type) and issubclass(OpTrace, TorchDispatchMode)):
@@ -195,16 +196,7 @@ def _mode(OpTrace):
             f"OpTrace is {OpTrace!r}; it must be a class that subclasses "
             "torch.utils._python_dispatch.TorchDispatchMode (a TorchFunctionMode sees torch "
             "API calls, not the OpOverloads the dispatcher runs).")
-    mode = OpTrace()
-    for attr in ("ops", "nodes"):
-        value = getattr(mode, attr, None)
-        if not isinstance(value, list):
-            raise CheckFailure(f"OpTrace() must have an attribute `{attr}`, a list (empty at first) "
-                               "that __torch_dispatch__ appends to.")
-        exact(value, list, f"OpTrace().{attr}")
-        if list.__len__(value):
-            raise CheckFailure(f"OpTrace().{attr} must start empty.")
-    return mode
+    return OpTrace()
 
 
 def _recorded(mode, where: str) -> tuple[list, list]:
@@ -213,8 +205,9 @@ def _recorded(mode, where: str) -> tuple[list, list]:
     ops, nodes = getattr(mode, "ops", None), getattr(mode, "nodes", None)
     for attr, value in (("ops", ops), ("nodes", nodes)):
         if not isinstance(value, list):
-            raise CheckFailure(f"on {where}, after the run your mode's `{attr}` is "
-                               f"{type(value).__name__}, not a list; append to the list you made in __init__.")
+            raise CheckFailure(f"on {where}, after the `with` block your mode's `{attr}` is "
+                               f"{type(value).__name__}, not a list; the contract asks for two lists, "
+                               "`ops` and `nodes`, one entry per op that reached the mode.")
         exact(value, list, f"on {where}, your mode's `{attr}`")
     for i, node in enumerate(nodes):
         exact(node, (str, type(None)), f"on {where}, nodes[{i}]")
@@ -340,6 +333,11 @@ def compare(OpTrace, build, seed: int, where: str) -> None:
     ops, nodes = _recorded(mode, where)
     _check_items(ops, where)
     _same_values(got_values, want_values, where)
+    if len(ops) > len(ref.ops) and [*map(id, ops[len(ops) - len(ref.ops):])] == [*map(id, ref.ops)]:
+        raise CheckFailure(
+            f"on {where}, your trace holds {len(ops) - len(ref.ops)} ops before the ones this "
+            "`with` block ran: a new OpTrace() must start with empty lists of its own (lists "
+            "made once for the class, e.g. class attributes, are shared by every instance).")
     _diff(ops, ref.ops, where)
     _diff_nodes(ops, nodes, ref, where)
 

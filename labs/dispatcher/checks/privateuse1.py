@@ -5,19 +5,24 @@ it is given.
 Oracle: the same programs on CPU tensors. Every check runs on a fresh Library and destroys it
 afterwards, so registrations never leak from one check (or one answer) to the next.
 
-The backend's name is whatever PrivateUse1 is called in this process: "toy" once the notebook's
-demo has renamed it, "privateuseone" otherwise. The checks never rename it themselves, because
-renaming is once per process and makes PrivateUse1 the process's accelerator
-(``torch.accelerator.current_accelerator()``), which would change how other code in the same
-process (other labs' checks under pytest) picks its device. What the checks need besides the
-kernels, a device module ``torch.<name>`` and the PrivateUse1 hooks, they register only when absent
-and leave dormant afterwards (the module removed again, the hooks reporting "not available").
+The backend's name is whatever PrivateUse1 is called in the checking process ("privateuseone",
+the default, in the notebook's kernel and under pytest). A name can be given once per process
+(c10/core/DeviceType.cpp: ``register_privateuse1_backend``) and makes PrivateUse1 the process's
+accelerator (``torch.accelerator.current_accelerator()``), which would change how other code in
+the same process (other labs' checks under pytest) picks its device; so the hidden check that
+makes sure no name is hard-coded renames the backend in a forked child process
+(``labs/dispatcher/forked.py``), to a name drawn from the run's seed, and runs the programs there.
+What the checks need besides the kernels, a device module ``torch.<name>`` and the PrivateUse1
+hooks, they register only when absent and leave dormant afterwards (the module removed again, the
+hooks reporting "not available").
 """
 from __future__ import annotations
 
 import contextlib
+import random
 
-from grader.checks import CheckFailure, check, learner_line, plain_tensor
+from grader.checks import AnswerError, CheckFailure, check, learner_line, plain_tensor
+from labs.dispatcher.forked import ChildError, run_forked
 
 EXERCISE = "dispatcher.privateuse1"
 
@@ -344,3 +349,58 @@ def copy_into(register_backend, ctx):
         _guard("d.copy_(x)", lambda: d.copy_(x))
         _same(_to_cpu(e, name, "e"), y.expand(n, m).double(),
               "after writing d again, e (a copy of d made earlier) changed: copies must not alias; e.cpu()")
+
+
+#: names the hidden check gives PrivateUse1 in its child process (one per run, from the seed)
+_NAMES = ("acme", "nova", "zeta", "orca", "lynx", "kiwi")
+_DEFAULT_NAME = "privateuseone"
+
+
+def _under_another_name(register_backend, ctx, name: str):
+    """In the child process: rename PrivateUse1 to ``name`` and run the programs of the other
+    checks. Returns ("passed", ""), ("failed", message) or ("error", message)."""
+    import torch
+
+    torch.set_num_threads(1)
+    torch.utils.rename_privateuse1_backend(name)
+    try:
+        torch.device(name)  # (parsed by c10: the rename took effect)
+    except RuntimeError:
+        return "error", f"PrivateUse1 could not be renamed to {name!r} (was torch.utils replaced?)"
+    try:
+        for program in (empty, round_trip, add, random_adds, copy_into):
+            program(register_backend, ctx)
+    except CheckFailure as exc:
+        return "failed", str(exc)
+    except Exception as exc:  # the answer's own error, reported with its line
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        return "error", f"{type(exc).__name__}: {first}{learner_line(exc)}"
+    return "passed", ""
+
+
+@check(EXERCISE, hidden=True)
+def renamed_backend(register_backend, ctx):
+    """the same programs with PrivateUse1 under another name: nothing depends on the name"""
+    import torch
+
+    current = torch._C._get_privateuse1_backend_name()
+    if current != _DEFAULT_NAME:
+        raise CheckFailure(
+            f"PrivateUse1 was renamed to {current!r} in this process: a name can be given once per "
+            "process and a child process inherits it, so these checks cannot run your kernels "
+            "under another name. Remove the torch.utils.rename_privateuse1_backend call from your "
+            "notebook (the lab's cells rename only in a child process), restart and run again.")
+    name = random.Random(f"{EXERCISE}:{ctx.seed}").choice(_NAMES)
+    try:
+        status, message = run_forked(_under_another_name, register_backend, ctx, name)
+    except ChildError as exc:
+        raise AnswerError(f"with PrivateUse1 renamed to {name!r} in a child process, the programs "
+                          f"did not finish: {exc}") from None
+    if status == "passed":
+        return
+    text = (f"with PrivateUse1 renamed to {name!r} (in a child process: device strings are now "
+            f"{name!r} and '{name}:0'), the programs that pass under the name {current!r} fail. "
+            "Your kernels depend on the backend's name: read it while they run, with "
+            "torch._C._get_privateuse1_backend_name(), never from a string or a global set "
+            f"earlier. What failed: {message}")
+    raise (CheckFailure if status == "failed" else AnswerError)(text)

@@ -5,14 +5,24 @@ uses the original tensor's storage.
 The oracle is torch: the same chain is applied to a real contiguous tensor of ``shape`` and each
 result's ``size()``, ``stride()``, ``storage_offset()`` and storage identity are read back. Chains
 and shapes are drawn from ``random.Random`` seeded by the run's seed. The answer runs under a
-dispatch mode that notices any aten operator it calls: the geometry must be computed, not asked of
-torch.
+dispatch mode that notices any aten operator it calls (a readable message for the common slip).
+
+What closes the door on answers that get the geometry from torch instead of computing it (with
+the dispatch modes disabled, on meta tensors, in another thread...) is the design of the
+``beyond_int64`` checks, not a list of forbidden calls: their shapes have sizes above 2**64, which
+torch cannot represent at all (sizes and strides are int64 in ``c10/core/TensorImpl.h``, on every
+device), so only the answer's own integer arithmetic can give them. Their oracle is still torch:
+each size of such a shape is ``a * M + b`` for one huge ``M``; torch runs the chain on meta tensors
+for six ordinary values of ``M``, every size, stride and offset it reports is a polynomial of
+degree at most 3 in ``M`` there (one degree per huge dim), the polynomial through four of the
+points must reproduce the other two, and evaluated at the huge ``M`` it gives torch's geometry.
 """
 from __future__ import annotations
 
 import random
+from fractions import Fraction
 
-from grader.checks import CheckFailure, check, exact
+from grader.checks import CheckFailure, check, exact, learner_line
 
 EXERCISE = "dispatcher.views"
 MAX_DIMS = 6
@@ -244,11 +254,24 @@ def _spy_mode():
     return Spy()
 
 
-def compare(view_geometry, shape, ops, where: str) -> None:
-    """Run the answer on (shape, ops) and compare with torch, op by op."""
-    want = torch_geometry(shape, ops)
+def compare(view_geometry, shape, ops, where: str, want=None) -> None:
+    """Run the answer on (shape, ops) and compare, op by op, with ``want`` (torch's geometry on a
+    real tensor of ``shape`` when None; the extrapolated one of a shape beyond int64 otherwise)."""
+    huge = want is not None
+    want = torch_geometry(shape, ops) if want is None else want
     with _spy_mode() as spy:
-        got = view_geometry(tuple(shape), [tuple(op) for op in ops])
+        try:
+            got = view_geometry(tuple(shape), [tuple(op) for op in ops])
+        except Exception as exc:
+            if not huge:
+                raise
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            raise CheckFailure(
+                f"on {where}, view_geometry raised {type(exc).__name__}: {first}"
+                f"{learner_line(exc)}. The shape {tuple(shape)} has sizes above 2**64: no tensor "
+                "can have them, not even on the meta device (torch keeps sizes and strides in "
+                "64-bit ints), so its geometry can only come from your own integer arithmetic, "
+                "which Python does exactly at any size.") from None
     if spy.ops:
         raise CheckFailure(
             f"view_geometry called torch operators ({', '.join(sorted(set(spy.ops))[:4])}). Compute "
@@ -267,12 +290,167 @@ def compare(view_geometry, shape, ops, where: str) -> None:
         if mine != expected:
             parts = [name for name, a, b in zip(("sizes", "strides", "offset", "shares"), mine, expected)
                      if a != b]
+            note = ("(Sizes here are above 2**64, where only int arithmetic is exact: divide "
+                    "with //, never with / or math.ceil, as floats skip integers above 2**53.) "
+                    if huge else "")
             raise CheckFailure(
-                f"on {where}: starting from a contiguous tensor of shape {tuple(shape)}, op #{i} "
-                f"{op} was applied to a tensor with {_fmt(before)}. Mismatch in "
+                f"on {where}: {note}starting from a contiguous tensor of shape {tuple(shape)}, op "
+                f"#{i} {op} was applied to a tensor with {_fmt(before)}. Mismatch in "
                 f"{'/'.join(parts)}: you have {_fmt(mine)}; torch has {_fmt(expected)}. "
                 f"{_HINTS[op[0]]}")
         before = expected
+
+
+# ------------------------------------------------------------------------ beyond int64
+#: the ordinary values of m at which torch runs a huge case's chain (M = P * m); the polynomial
+#: through the first _FIT of them must give torch's geometry at the others
+_SAMPLES = (101, 103, 107, 109, 113, 127)
+_FIT = 4
+#: a dim longer than this (in a sample) is one of the huge dims; they get only small arguments
+_LONG = 64
+
+
+def _meta_geometry(shape, ops):
+    """torch_geometry on a meta tensor (no memory, any int64 size)."""
+    import torch
+
+    base = torch.empty(shape, dtype=torch.float32, device="meta")
+    original = base.untyped_storage()._cdata
+    out, t = [], base
+    for op in ops:
+        t = _apply(t, op)
+        out.append((tuple(t.shape), tuple(t.stride()), int(t.storage_offset()),
+                    t.untyped_storage()._cdata == original))
+    return out
+
+
+def _small_end(rng, n: int, long: bool):
+    """A slice end: None, or an int that means the same position at every sample of a long dim."""
+    if rng.random() < 0.25:
+        return None
+    if long:
+        return rng.randint(0, 5) if rng.random() < 0.5 else -rng.randint(1, 5)
+    return rng.randint(-n - 2, n + 2)
+
+
+def _huge_op(rng, t, steps: list):
+    """A random op for the meta tensor ``t`` (one sample of a huge case) whose arguments mean the
+    same thing at every sample: on long dims only small starts, stops and indices, and -1 in
+    expand. Slice steps on long dims are appended to ``steps`` (the samples' M is a multiple of
+    their product, so that every size stays a polynomial in M)."""
+    ndim, sizes = t.dim(), list(t.shape)
+    kinds = ["contiguous", "contiguous"] + ["as_strided"] * (rng.random() < 0.3)
+    if ndim:
+        kinds += ["transpose", "permute", "slice", "slice", "slice", "select"]
+    if ndim < MAX_DIMS:
+        kinds += ["unsqueeze", "expand", "expand"]
+    kind = rng.choice(kinds)
+    if kind == "contiguous":
+        return ("contiguous",)
+    if kind == "transpose":
+        return ("transpose", _dim(rng, ndim), _dim(rng, ndim))
+    if kind == "permute":
+        return ("permute", tuple(rng.sample(range(ndim), ndim)))
+    if kind == "unsqueeze":
+        return ("unsqueeze", _dim(rng, ndim, extra=1))
+    if kind == "slice":
+        dim = _dim(rng, ndim)
+        long = sizes[dim] > _LONG
+        step = rng.choice((1, 2, 3, 4)) if not long or _product(steps) <= 16 else 1
+        if long:
+            steps.append(step)
+        return ("slice", dim, _small_end(rng, sizes[dim], long), _small_end(rng, sizes[dim], long),
+                step)
+    if kind == "select":
+        dim = _dim(rng, ndim)
+        n = sizes[dim]
+        index = rng.randint(-5, 5) if n > _LONG else rng.randint(-n, n - 1) if n else 0
+        return ("select", dim, index)
+    if kind == "expand":
+        new = [rng.choice((1, 1, 2, 3)) for _ in range(rng.randint(0, min(2, MAX_DIMS - ndim)))]
+        old = [-1 if s > _LONG else rng.choice((-1, 1, 2, 3)) if s == 1 else rng.choice((-1, s))
+               for s in sizes]
+        return ("expand", tuple(new + old))
+    size = tuple(rng.randint(1, 3) for _ in range(rng.randint(1, 3)))
+    stride = tuple(rng.randint(0, 4) for _ in size)
+    return ("as_strided", size, stride, None if rng.random() < 0.4 else rng.randint(0, 40))
+
+
+def _product(values) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
+
+
+def _at(points, x):
+    """The polynomial through ``points`` [(x_j, y_j)] (Lagrange's form, exact), evaluated at x."""
+    total = Fraction(0)
+    for j, (xj, yj) in enumerate(points):
+        term = Fraction(yj)
+        for k, (xk, _) in enumerate(points):
+            if k != j:
+                term *= Fraction(x - xk, xj - xk)
+        total += term
+    return total
+
+
+def _extrapolate(samples, m):
+    """Torch's geometry at m, from its geometry at each of _SAMPLES (``samples``, one list of
+    (sizes, strides, offset, shares) per sample): None when the samples disagree on anything but
+    the numbers, or a number is not the same polynomial of degree < _FIT at every sample."""
+    out = []
+    for entries in zip(*samples):
+        sizes, _, _, shares = entries[0]
+        if any((len(e[0]), e[3]) != (len(sizes), shares) for e in entries):
+            return None
+        numbers = []
+        for series in zip(*[(*e[0], *e[1], e[2]) for e in entries]):
+            points = list(zip(_SAMPLES, series))
+            if any(_at(points[:_FIT], x) != y for x, y in points[_FIT:]):
+                return None
+            value = _at(points[:_FIT], m)
+            if value.denominator != 1:
+                return None
+            numbers.append(int(value))
+        n = len(sizes)
+        out.append((tuple(numbers[:n]), tuple(numbers[n:2 * n]), numbers[2 * n], shares))
+    return out
+
+
+def huge_case(rng, length: int):
+    """(shape, ops, torch's geometry) of a chain of ``length`` ops on a contiguous tensor whose
+    huge dims are a * M + b long, for an M that puts them above 2**64."""
+    import torch
+
+    while True:
+        ndim = rng.randint(1, 4)
+        long = sorted(rng.sample(range(ndim), rng.randint(1, min(3, ndim))))
+        dims = [(rng.randint(1, 3), rng.randint(0, 5)) if d in long else (0, rng.randint(1, 4))
+                for d in range(ndim)]
+
+        def shape_at(M, dims=dims):
+            return tuple(a * M + b for a, b in dims)
+
+        t = torch.empty(shape_at(64 * _SAMPLES[0]), device="meta")
+        ops, steps = [], []
+        while len(ops) < length:
+            op = _huge_op(rng, t, steps)
+            try:
+                t = _apply(t, op)
+            except (RuntimeError, IndexError, ValueError):
+                continue
+            ops.append(op)
+        scale = _product(steps)
+        try:
+            samples = [_meta_geometry(shape_at(scale * m), ops) for m in _SAMPLES]
+        except (RuntimeError, IndexError, ValueError):
+            continue
+        m = 2**64 + rng.randrange(2**40)
+        want = _extrapolate(samples, m)
+        # (most results keep a number above int64: the chain must not be solvable in int64)
+        if want is not None and 2 * sum(max(*e[0], *e[1], e[2], 0) >= 2**63 for e in want) > length:
+            return shape_at(scale * m), ops, want
 
 
 def _contiguous_strides(shape):
@@ -320,6 +498,15 @@ def short_chains(view_geometry, ctx):
         compare(view_geometry, shape, ops, f"random chain #{i}")
 
 
+@check(EXERCISE)
+def beyond_int64(view_geometry, ctx):
+    """two chains on a shape with sizes above 2**64, which no tensor can have"""
+    rng = _rng(ctx, 4)
+    for i in range(2):
+        shape, ops, want = huge_case(rng, 3)
+        compare(view_geometry, shape, ops, f"the chain {ops}", want)
+
+
 @check(EXERCISE, hidden=True)
 def long_random_chains(view_geometry, ctx):
     """long random chains: negative dims, steps, expanded dims, as_strided, copies"""
@@ -353,3 +540,12 @@ def edge_cases(view_geometry, ctx):
     ]
     for shape, ops in cases:
         compare(view_geometry, shape, ops, f"the chain {ops}")
+
+
+@check(EXERCISE, hidden=True)
+def long_chains_beyond_int64(view_geometry, ctx):
+    """random chains on shapes with sizes above 2**64: geometry torch cannot be asked for"""
+    rng = _rng(ctx, 5)
+    for i in range(12):
+        shape, ops, want = huge_case(rng, rng.randint(4, 8))
+        compare(view_geometry, shape, ops, f"random chain #{i} beyond int64 (seed {ctx.seed})", want)

@@ -188,9 +188,13 @@ def _innermost(exc: BaseException):
 
     own = (str(Path(__file__).resolve().parent), *labs.__path__)
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        if "/lib/python" not in frame.filename:
+        if "/lib/python" not in frame.filename and frame.filename != _EVALUATED:
             return frame, frame.filename.startswith(own)
     return None, False
+
+
+#: the file name of code compiled from a string (eval, exec): no line of the cell
+_EVALUATED = "<string>"
 
 
 def learner_line(exc: BaseException) -> str:
@@ -203,7 +207,9 @@ def learner_line(exc: BaseException) -> str:
         return ""
     code = (frame.line or "").strip()
     code = code if len(code) <= 120 else code[:117] + "..."
-    return f" at line {frame.lineno} of your cell" + (f": `{code}`" if code else "")
+    inner = [f for f in traceback.extract_tb(exc.__traceback__) if "/lib/python" not in f.filename]
+    evaluated = " (in the code that line evaluates)" if inner[-1].filename == _EVALUATED else ""
+    return f" at line {frame.lineno} of your cell" + (f": `{code}`" if code else "") + evaluated
 
 
 def _blame(exc: BaseException, label: str) -> str:

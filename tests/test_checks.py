@@ -63,6 +63,18 @@ def test_an_answer_that_raises_is_an_error_quoting_the_learners_line(monkeypatch
     assert "checks.py" not in v.message  # no check source or path leaks
 
 
+def test_an_error_in_code_a_cell_evaluates_names_the_cells_line_that_evaluated_it(monkeypatch):
+    src = "def add(a, b):\n    formula = 'a.conj() + b'\n    return eval(formula)\n"
+    monkeypatch.setitem(linecache.cache, "/tmp/ipykernel_1/124.py",
+                        (len(src), None, src.splitlines(True), "/tmp/ipykernel_1/124.py"))
+    ns = {}
+    exec(compile(src, "/tmp/ipykernel_1/124.py", "exec"), ns)
+    v = run_checks("toy.add", ns["add"])
+    assert v.status == "error" and "AttributeError" in v.message
+    assert v.message.endswith("at line 3 of your cell: `return eval(formula)` "
+                              "(in the code that line evaluates)"), v.message
+
+
 def test_a_line_python_cannot_read_back_is_given_by_its_number():
     ns = {}
     exec(compile("def add(a, b):\n    return a + None\n", "<lost>", "exec"), ns)

@@ -499,14 +499,15 @@ FIXTURES = [
     Fixture("detects-grading-and-patched-torch", "reads the environment and files to detect "
             "grading; then torch.allclose / assert_close patched to pass wrong answers", A,
             chain(before(A, "engine", _DETECT), after(A, "per-sample-grads", _WRONG_GRADS)),
-            {"per-sample-grads": ("error", "the notebook replaced `torch.allclose`")},
+            {slug: ("error", "the notebook replaced `torch.allclose`")
+             for slug in ("per-sample-grads", "forward-ad")},
             clean=True),
     Fixture("answer-deleted-and-patched-torch-internals", "an answer cell deleted; what "
             "assert_close runs patched (no grader knowledge)", A,
             chain(_delete_answer, after(A, "per-sample-grads", _PATCH_TORCH_INTERNALS)),
             {"engine": ("error", "No answer cell for autograd.engine was found"),
-             "per-sample-grads": ("error",
-                                  "`torch.testing._comparison.not_close_error_metas`")}),
+             **{slug: ("error", "`torch.testing._comparison.not_close_error_metas`")
+                for slug in ("per-sample-grads", "forward-ad")}}),
     Fixture("oracle-answer-and-lying-snapshot", "an allocator whose snapshot equals everything, "
             "and an answer that is the checks' own oracle", L,
             chain(after(L, "best-fit-split", _LYING_SNAPSHOT),
@@ -537,7 +538,8 @@ FIXTURES = [
     Fixture("answer-duplicated-and-patched-guard", "an answer cell duplicated (a wrong first "
             "try above); the guard itself patched to see nothing, then torch patched", A,
             chain(_duplicate_answer, after(A, "per-sample-grads", _PATCH_GUARD)),
-            {"per-sample-grads": ("error", "`grader.guard.tampering`")},
+            {slug: ("error", "`grader.guard.tampering`")
+             for slug in ("per-sample-grads", "forward-ad")},
             notes=("autograd.engine has 2 answer cells; they ran in order, so the last, the "
                    "code cell starting \"import heapq\", defines",)),
     Fixture("answer-markdown-and-fake-grade", "an answer cell turned into markdown; the "
@@ -545,7 +547,8 @@ FIXTURES = [
             chain(_markdown_answer,
                   stub(A, "per-sample-grads"), after(A, "per-sample-grads", _FAKE_GRADE)),
             {"engine": ("error", "is a markdown cell, so it did not run"),
-             "per-sample-grads": ("error", "not sealed by the grader")}),
+             **{slug: ("error", "not sealed by the grader")
+                for slug in ("per-sample-grads", "forward-ad")}}),
     Fixture("edited-release-cells", "setup edited, narrative and check cells deleted and moved", A,
             _edit_release_cells,
             notes=("differs from the release", "missing and were put back", "were moved")),
@@ -605,7 +608,8 @@ FIXTURES = [
                         "quotes at line 3, column 1; fix it there in a text editor")},
             error="at line 3, column 1", path="flat/alice_02_autograd.ipynb"),
     Fixture("dropped-metadata", "an editor that drops cell and notebook metadata (ids kept)", A,
-            _drop_cell_metadata, notes=("6 answer cell(s) had lost their metadata",)),
+            _drop_cell_metadata,
+            notes=(f"{len(load_lab(A).exercises)} answer cell(s) had lost their metadata",)),
     Fixture("copy-without-metadata", "a browser's copy of the notebook, without its metadata",
             A, _no_lab_metadata, path="flat/Copy of 02_autograd (2).ipynb", clean=True),
     Fixture("learner-io", "input(), a file beside the notebook, a lone surrogate printed", D,

@@ -131,19 +131,17 @@ def test_built_like_the_reference_passes():
     assert v.status == "passed", v.message
 
 
-@pytest.mark.parametrize("source,kinds", checks._INPLACE + checks._VIEWS + checks._HIDDEN)
-def test_oracle_agrees_with_eager(source, kinds):
-    """torch.func.functionalize, the checks' oracle, computes what the program does eagerly."""
+def test_the_oracle_is_eager_because_torchs_pass_aliases_a_copy_of_a_transpose():
+    """Why the checks compare with eager fn, not torch.func.functionalize: on 2.13, under
+    remove="mutations_and_views", `x.t().contiguous()` aliases x, so torch's pass writes into an
+    argument that eager leaves alone; the hidden programs include this one."""
+    source = next(s for s, _ in checks._HIDDEN if ".contiguous()" in s)
     fn = checks._compile(source)
-    for dtype in (torch.float32, torch.float64):
-        inputs, _ = checks._arguments(kinds, torch.Generator().manual_seed(5), 4, 5, dtype)
-        eager, functional = [t.clone() for t in inputs], [t.clone() for t in inputs]
-        want = fn(*eager)
-        got = torch.func.functionalize(fn, remove="mutations_and_views")(*functional)
-        for a, b in zip(*(list(v) if isinstance(v, tuple) else [v] for v in (want, got))):
-            torch.testing.assert_close(a, b)
-        for a, b in zip(eager, functional):
-            torch.testing.assert_close(a, b)
+    x = torch.randn(3, 4)
+    eager, functional = x.clone(), x.clone()
+    fn(eager)
+    torch.func.functionalize(fn, remove="mutations_and_views")(functional)
+    assert torch.equal(eager, x) and not torch.equal(functional, x)
 
 
 # ------------------------------------------------------------------ plausible wrong answers
@@ -178,7 +176,7 @@ def test_input_layout_taken_for_the_base_layout():
 
 def test_writes_back_every_input():
     assert_rejected(EX, _functionalize(write_back="all"),
-                    "copy_ into argument b ran 1 time(s); torch.func.functionalize runs it 0")
+                    "copy_ into argument b ran 1 time(s); fn never writes into b")
 
 
 def test_writes_back_at_every_mutation():

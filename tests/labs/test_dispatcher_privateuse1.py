@@ -84,7 +84,7 @@ def _fake_device_tensor(lib):
 
 
 WRONG = {
-    ".to() keeps an alias of the CPU tensor": (_backend(copy="alias"), "after x.add_(1)"),
+    ".to() keeps an alias of the CPU tensor": (_backend(copy="alias"), "the device tensor shares memory with a CPU tensor"),
     "_copy_from makes a new tensor, device data stays zeros": (_backend(copy="new_tensor", empty="zeros"),
                                                               "element"),
     "_copy_from only handles copies to CPU": (_backend(copy="to_cpu_only"), "endlessly"),

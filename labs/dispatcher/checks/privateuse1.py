@@ -189,8 +189,9 @@ def _to_cpu(t, name: str, where: str):
     return out
 
 
-def _same(got, want, where: str):
-    """A CPU result against the CPU oracle: shape, dtype, values."""
+def _same(got, want, where: str, why: str = ""):
+    """A CPU result against the CPU oracle: shape, dtype, values; ``why`` says what a difference
+    in values likely means."""
     import torch
 
     if got.shape != want.shape or got.dtype != want.dtype:
@@ -199,7 +200,8 @@ def _same(got, want, where: str):
     if not torch.equal(got, want):
         diff = (got != want).nonzero()
         i = tuple(diff[0].tolist()) if len(diff) else ()
-        raise CheckFailure(f"{where}: element {i} is {got[i].item()}; on CPU torch gives {want[i].item()}.")
+        raise CheckFailure(f"{where}: element {i} is {got[i].item()}; on CPU torch gives "
+                           f"{want[i].item()}{f': {why}' if why else ''}.")
 
 
 def _random(g, shape, dtype):
@@ -246,9 +248,14 @@ def round_trip(register_backend, ctx):
         _same(back, x, where + " then .cpu()")
         original = x.clone()
         x.add_(1.0)
-        _same(_to_cpu(t, name, where), original, f"after x.add_(1) on CPU, {where}.cpu()")
+        alias = ("the device tensor shares memory with a CPU tensor: copy the values in "
+                 "_copy_from, do not keep a reference to them")
+        _same(_to_cpu(t, name, where), original,
+              f"t = x.to({name!r}) for x of shape (3, 4), then x.add_(1) on CPU, then t.cpu()",
+              alias)
         back.mul_(0.0)
-        _same(_to_cpu(t, name, where), original, f"after zeroing what .cpu() returned, {where}.cpu()")
+        _same(_to_cpu(t, name, where), original,
+              f"b = t.cpu() for t = x.to({name!r}), then b.mul_(0), then t.cpu() again", alias)
 
 
 @check(EXERCISE)

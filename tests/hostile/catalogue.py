@@ -425,13 +425,6 @@ FIXTURES = [
             {"engine": ("timeout", "exceeded the time limit of 10 s while running your answer"),
              "checkpoint": ("timeout", "exceeded the time limit of 10 s")},
             timeout=10),
-    Fixture("recursion-error-and-patched-grader", "deep recursion (RecursionError), then the "
-            "grader's run_checks replaced from the last answer", D,
-            chain(after(D, "views", "def {name}(*args, **kwargs):\n"
-                        "    return {name}(*args, **kwargs)"),
-                  after(D, "privateuse1", _PATCH_RUN_CHECKS)),
-            {"views": ("error", "RecursionError"),
-             "privateuse1": ("error", "the notebook replaced `grader.selfcheck.run_checks`")}),
     # every fault here kills the kernel: each exercise after one is graded in a fresh kernel
     Fixture("kernel-deaths-and-memory", "the kernel dies: memory blown when the answer is "
             "checked, os._exit(1), a segfault, SIGKILL to itself, memory blown in an answer "
@@ -461,12 +454,19 @@ FIXTURES = [
                   before(A, "checkpoint", "print('x' * 50_000_000)")),
             {"graph-walk": ("crashed", "the kernel died while running your answer")},
             clean=True),
-    Fixture("exits", "sys.exit(0), sys.exit(1), raise SystemExit, raise KeyboardInterrupt", D,
+    Fixture("exits-recursion-and-patched-grader", "sys.exit(0), sys.exit(1), raise SystemExit, "
+            "raise KeyboardInterrupt; deep recursion (RecursionError); then the grader's "
+            "run_checks replaced from the last answer", D,
             chain(before(D, "views", "import sys\nsys.exit(0)"),
                   before(D, "op-trace", "import sys\nsys.exit(1)"),
                   before(D, "key-priority", "raise SystemExit"),
-                  before(D, "custom-op", "raise KeyboardInterrupt")),
-            {"views": ("error", "raised SystemExit: 0 (sys.exit() and raise SystemExit end a "
+                  before(D, "custom-op", "raise KeyboardInterrupt"),
+                  after(D, "functionalize", "def {name}(*args, **kwargs):\n"
+                        "    return {name}(*args, **kwargs)"),
+                  after(D, "privateuse1", _PATCH_RUN_CHECKS)),
+            {"functionalize": ("error", "RecursionError"),
+             "privateuse1": ("error", "the notebook replaced `grader.selfcheck.run_checks`"),
+             "views": ("error", "raised SystemExit: 0 (sys.exit() and raise SystemExit end a "
                        "program"),
              "op-trace": ("error", "raised SystemExit: 1 (sys.exit() and raise SystemExit end"),
              "key-priority": ("error", "raised SystemExit (sys.exit() and raise SystemExit end"),
@@ -488,12 +488,12 @@ FIXTURES = [
              "custom-function": ("error", "ZeroDivisionError: division by zero")}),
     # cheating and tampering (what patches torch or the grader does so in the last exercise,
     # after the other fault of its notebook has been graded)
-    Fixture("lying-results-and-fake-verdict", "an answer whose result says yes to every "
-            "comparison, the expected verdict written into a stub's output, and a tensor "
-            "subclass that lies about its values", A,
+    Fixture("lying-results-and-stale-verdicts", "an answer whose result says yes to every "
+            "comparison, the expected verdict written into a stub's output, a tensor subclass "
+            "that lies about its values, and stale outputs (passing verdicts) in every cell", A,
             chain(after(A, "graph-walk", _LIAR_DICT),
                   stub(A, "engine"), after(A, "engine", _FAKE_VERDICT),
-                  after(A, "per-sample-grads", _LIAR_TENSOR)),
+                  after(A, "per-sample-grads", _LIAR_TENSOR), _stale_outputs),
             {"graph-walk": ("failed", "subclass"), "per-sample-grads": ("failed", "subclass"),
              "engine": ("error", "autograd.engine is still the stub")}),
     Fixture("detects-grading-and-patched-torch", "reads the environment and files to detect "
@@ -549,12 +549,11 @@ FIXTURES = [
             {"engine": ("error", "is a markdown cell, so it did not run"),
              **{slug: ("error", "not sealed by the grader")
                 for slug in ("per-sample-grads", "forward-ad")}}),
-    Fixture("edited-release-cells", "setup edited, narrative and check cells deleted and moved", A,
-            _edit_release_cells,
-            notes=("differs from the release", "missing and were put back", "were moved")),
-    Fixture("changed-exercise-id", "answer cells relabelled to another or an unknown exercise",
-            A, _relabel_answer,
-            notes=("autograd.graph-walk has 2 answer cells",
+    Fixture("edited-release-and-relabelled-answers", "setup edited, narrative and check cells "
+            "deleted and moved; answer cells relabelled to another or an unknown exercise", A,
+            chain(_relabel_answer, _edit_release_cells),
+            notes=("differs from the release", "missing and were put back", "were moved",
+                   "autograd.graph-walk has 2 answer cells",
                    "'autograd.bogus', which lab autograd", "no answer cell for autograd.engine")),
     # broken notebooks
     Fixture("invalid-json", "invalid JSON", A, raw(b'{"cells": [{"cell_type": "code",'),
@@ -570,8 +569,13 @@ FIXTURES = [
     Fixture("symlink-elsewhere", "a symbolic link to a private file of the instructor's", A,
             _symlink, {"engine": ("error", "not a readable Jupyter notebook (it is not JSON")},
             error="it is not JSON"),
-    Fixture("nbformat-3", "nbformat 3 (no cell ids: release cells matched by content)", A,
-            _nbformat(3), clean=True),
+    # (what real learners do, in an nbformat 3 file: the learner's cells are kept without ids)
+    Fixture("nbformat-3-and-global-state", "nbformat 3 (no cell ids: release cells matched by "
+            "content); torch.set_default_dtype(float64) after setup, and grad mode switched off "
+            "after the first check", A,
+            chain(learner_cell("setup", "torch.set_default_dtype(torch.float64)"),
+                  learner_cell("check", "torch.set_grad_enabled(False)", "autograd.graph-walk"),
+                  _nbformat(3)), clean=True),
     Fixture("nbformat-5", "a newer nbformat than supported", A, _nbformat(5),
             {"engine": ("error", "saved as nbformat 5, newer than the grader reads")},
             error="saved as nbformat 5"),
@@ -583,35 +587,26 @@ FIXTURES = [
                    "asks for the kernel 'julia-1.9'; it was graded with the course's kernel")),
     Fixture("no-lab", "a notebook of no lab", A, _no_lab, path="no-lab/homework.ipynb",
             error="cannot tell which lab", result_lab="unknown"),
-    Fixture("stale-outputs", "stale outputs (and verdicts) from the learner's own run", A,
-            chain(stub(A, "engine"), _stale_outputs),
-            {"engine": ("error", "autograd.engine is still the stub")}),
-    Fixture("huge-notebook", "a notebook with 32 MB of embedded outputs", A, _huge, clean=True),
-    Fixture("unicode-path", "a path with spaces and non-ASCII characters, the file saved with a "
-            "byte-order mark and CR LF line endings (VS Code on Windows)", A, chain(_crlf, _bom),
+    Fixture("huge-at-unicode-path", "a notebook with 32 MB of embedded outputs, at a path with "
+            "spaces and non-ASCII characters, saved with a byte-order mark and CR LF line endings "
+            "(VS Code on Windows)", A, chain(_huge, _crlf, _bom),
             path="Zoë Müller/02_autograd.ipynb", clean=True),
     # what real learners' notebooks do (not hostile): each must cost nothing, or only its own
     # exercise with a message that says what to change
-    Fixture("global-state", "torch.set_default_dtype(float64) after setup, and grad mode "
-            "switched off after the first check", A,
-            chain(learner_cell("setup", "torch.set_default_dtype(torch.float64)"),
-                  learner_cell("check", "torch.set_grad_enabled(False)", "autograd.graph-walk")),
-            clean=True),
-    Fixture("default-tensor-type", "torch.set_default_tensor_type(DoubleTensor) after setup", D,
-            learner_cell("setup", "torch.set_default_tensor_type(torch.DoubleTensor)"),
-            clean=True),
-    Fixture("crlf-without-ids", "CR LF line endings in an nbformat 4.4 file without cell ids",
-            D, chain(_crlf, _without_ids), clean=True),
+    Fixture("default-tensor-type-crlf-without-ids", "torch.set_default_tensor_type("
+            "DoubleTensor) after setup, in a file with CR LF line endings, nbformat 4.4 without "
+            "cell ids", D,
+            chain(learner_cell("setup", "torch.set_default_tensor_type(torch.DoubleTensor)"),
+                  _crlf, _without_ids), clean=True),
     Fixture("trailing-comma", "a notebook whose JSON is broken by a trailing comma", A,
             raw(b'{"cells": [],\n "metadata": {},\n}'),
             {"engine": ("error", "it is not JSON: Expecting property name enclosed in double "
                         "quotes at line 3, column 1; fix it there in a text editor")},
             error="at line 3, column 1", path="flat/alice_02_autograd.ipynb"),
-    Fixture("dropped-metadata", "an editor that drops cell and notebook metadata (ids kept)", A,
-            _drop_cell_metadata,
+    Fixture("copy-without-metadata", "a browser's copy of the notebook from an editor that "
+            "drops cell and notebook metadata (ids kept)", A, _drop_cell_metadata,
+            path="flat/Copy of 02_autograd (2).ipynb",
             notes=(f"{len(load_lab(A).exercises)} answer cell(s) had lost their metadata",)),
-    Fixture("copy-without-metadata", "a browser's copy of the notebook, without its metadata",
-            A, _no_lab_metadata, path="flat/Copy of 02_autograd (2).ipynb", clean=True),
     Fixture("learner-io", "input(), a file beside the notebook, a lone surrogate printed", D,
             chain(*(before(D, slug, code) for slug, code in _LEARNER_IO.items()),
                   before(D, "key-priority", "print('caf\\udce9 \\ud800 done')")),

@@ -84,13 +84,14 @@ def test_a_flood_of_output_is_stored_truncated_with_a_note(graded):
 
 
 def test_a_huge_notebook_is_graded_in_bounded_time_without_its_old_outputs(graded):
-    result, out = graded[0]["huge-notebook"], graded[1]
+    result, out = graded[0]["huge-at-unicode-path"], graded[1]
     assert result.duration_s < 120
-    assert (out / "huge-notebook.executed.ipynb").stat().st_size < 2_000_000
+    assert (out / "huge-at-unicode-path.executed.ipynb").stat().st_size < 2_000_000
 
 
 def test_stale_outputs_are_not_carried_into_the_graded_notebook(graded):
-    text = (graded[1] / "stale-outputs.executed.ipynb").read_text(encoding="utf-8")
+    text = (graded[1] / "lying-results-and-stale-verdicts.executed.ipynb").read_text(
+        encoding="utf-8")
     assert "STALE-OUTPUT" not in text
 
 
@@ -118,7 +119,7 @@ def test_a_compiler_cache_a_submission_poisons_is_its_own_and_goes_with_its_run(
 
 
 def test_paths_with_spaces_and_non_ascii_names_keep_their_learner(graded):
-    assert graded[0]["unicode-path"].learner == "Zoë Müller"
+    assert graded[0]["huge-at-unicode-path"].learner == "Zoë Müller"
 
 
 def _check_lines() -> set[str]:
@@ -164,6 +165,6 @@ def test_text_utf8_cannot_hold_is_shown_replaced_without_a_kernel_traceback(grad
 
 
 def test_answer_cells_that_lost_their_metadata_are_graded_and_shown_as_answers(graded):
-    nb = notebook.read(graded[1] / "dropped-metadata.executed.ipynb")
+    nb = notebook.read(graded[1] / "copy-without-metadata.executed.ipynb")
     answers = [notebook.exercise_of(c) for c in nb.cells if notebook.role(c) == "answer"]
     assert answers == [e.id for e in load_lab("autograd").exercises]

@@ -118,6 +118,25 @@ def _eager_engine(output, grad_output=None):
     return grads
 
 
+def _send(node, buffers, grads):
+    """Run ``node`` on its buffer and hand each gradient on: into ``grads`` for a leaf, else into
+    the next node's buffer (created if missing); returns the non-leaf nodes that got one."""
+    outs = node(*buffers[node])
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    reached = []
+    for (nxt, nr), g in zip(node.next_functions, outs):
+        if nxt is None or g is None:
+            continue
+        g = _fit(g, nxt, nr)
+        if hasattr(nxt, "variable"):
+            grads[nxt.variable] = grads[nxt.variable] + g if nxt.variable in grads else g
+            continue
+        slots = buffers.setdefault(nxt, [None] * len(nxt._input_metadata))
+        slots[nr] = g if slots[nr] is None else slots[nr] + g
+        reached.append(nxt)
+    return reached
+
+
 def _first_come_engine(output, grad_output=None):
     """No dependency counting: each node runs once, as soon as the first gradient reaches it."""
     grad_output = torch.ones_like(output) if grad_output is None else grad_output
@@ -131,18 +150,7 @@ def _first_come_engine(output, grad_output=None):
             if node in done:
                 continue
             done.add(node)
-            outs = node(*buffers[node])
-            outs = outs if isinstance(outs, tuple) else (outs,)
-            for (nxt, nr), g in zip(node.next_functions, outs):
-                if nxt is None or g is None:
-                    continue
-                g = _fit(g, nxt, nr)
-                if hasattr(nxt, "variable"):
-                    grads[nxt.variable] = grads[nxt.variable] + g if nxt.variable in grads else g
-                    continue
-                slots = buffers.setdefault(nxt, [None] * len(nxt._input_metadata))
-                slots[nr] = g if slots[nr] is None else slots[nr] + g
-                queue.append(nxt)
+            queue.extend(_send(node, buffers, grads))
     return grads
 
 
@@ -166,19 +174,8 @@ def _sequence_order_engine(output, grad_output=None):
     grads = {}
     with torch.no_grad():
         for node in nodes:
-            if hasattr(node, "variable"):
-                continue
-            outs = node(*buffers[node])
-            outs = outs if isinstance(outs, tuple) else (outs,)
-            for (nxt, nr), g in zip(node.next_functions, outs):
-                if nxt is None or g is None:
-                    continue
-                g = _fit(g, nxt, nr)
-                if hasattr(nxt, "variable"):
-                    grads[nxt.variable] = grads[nxt.variable] + g if nxt.variable in grads else g
-                    continue
-                slots = buffers[nxt]
-                slots[nr] = g if slots[nr] is None else slots[nr] + g
+            if not hasattr(node, "variable"):
+                _send(node, buffers, grads)
     return grads
 
 

@@ -84,11 +84,12 @@ def _apply(t, op):
     raise ValueError(kind)
 
 
-def torch_geometry(shape, ops):
-    """What torch says: [(sizes, strides, offset, shares_original_storage)] after each op."""
+def torch_geometry(shape, ops, device="cpu"):
+    """What torch says: [(sizes, strides, offset, shares_original_storage)] after each op, on a
+    float32 tensor of ``shape`` on ``device`` (``"meta"``: no memory, any int64 size)."""
     import torch
 
-    base = torch.empty(shape, dtype=torch.float32)
+    base = torch.empty(shape, dtype=torch.float32, device=device)
     original = base.untyped_storage()._cdata
     out, t = [], base
     for op in ops:
@@ -310,20 +311,6 @@ _FIT = 4
 _LONG = 64
 
 
-def _meta_geometry(shape, ops):
-    """torch_geometry on a meta tensor (no memory, any int64 size)."""
-    import torch
-
-    base = torch.empty(shape, dtype=torch.float32, device="meta")
-    original = base.untyped_storage()._cdata
-    out, t = [], base
-    for op in ops:
-        t = _apply(t, op)
-        out.append((tuple(t.shape), tuple(t.stride()), int(t.storage_offset()),
-                    t.untyped_storage()._cdata == original))
-    return out
-
-
 def _small_end(rng, n: int, long: bool):
     """A slice end: None, or an int that means the same position at every sample of a long dim."""
     if rng.random() < 0.25:
@@ -443,7 +430,7 @@ def huge_case(rng, length: int):
             ops.append(op)
         scale = _product(steps)
         try:
-            samples = [_meta_geometry(shape_at(scale * m), ops) for m in _SAMPLES]
+            samples = [torch_geometry(shape_at(scale * m), ops, "meta") for m in _SAMPLES]
         except (RuntimeError, IndexError, ValueError):
             continue
         m = 2**64 + rng.randrange(2**40)

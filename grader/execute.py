@@ -47,6 +47,9 @@ INTERRUPT_GRACE = 10
 #: characters of output stored per cell, and per notebook; the rest is dropped with a note
 MAX_CELL_OUTPUT = 200_000
 MAX_NOTEBOOK_OUTPUT = 5_000_000
+#: seconds between two saves of the executed notebook while it runs (papermill saves the whole
+#: notebook before and after every cell: 2 s of a lab's grading); the last save is never skipped
+SAVE_EVERY_S = 5.0
 
 
 class SandboxKernelManager(AsyncKernelManager):
@@ -249,6 +252,20 @@ class GraderEngine(Engine):
         # papermill records its input there: here the assembled notebook itself, a second copy
         # of everything in the executed one; the submission's file name says what was graded
         nb_man.nb.metadata.papermill["input_path"] = input_name
+        save = nb_man.save
+        nb_man.save = lambda **kw: (  # papermill's notebook_complete, after this, saves in full
+            save(**kw) if (nb_man.now() - nb_man.last_save_time).total_seconds() >= SAVE_EVERY_S
+            else None)
+        try:
+            return cls._execute(nb_man, kernel_name, timeouts=timeouts, on_outcome=on_outcome,
+                                workdir=workdir, home=home, limits=limits, key=key,
+                                start_timeout=start_timeout)
+        finally:
+            nb_man.save = save
+
+    @classmethod
+    def _execute(cls, nb_man, kernel_name, *, timeouts, on_outcome, workdir, home, limits, key,
+                 start_timeout):
         interrupted: set[int] = set()
 
         def on_cell_error(cell, cell_index, execute_reply):

@@ -47,6 +47,24 @@ def test_reference_scores_full_marks_over_what_can_run(tmp_path):
     assert result.environment.seed == 11 and result.error is None
 
 
+def test_the_executed_notebook_is_saved_now_and_then_and_in_full_at_the_end(tmp_path,
+                                                                           monkeypatch):
+    import papermill.engines
+
+    from grader import execute
+
+    saves, write = [], papermill.engines.write_ipynb
+    monkeypatch.setattr(papermill.engines, "write_ipynb",
+                        lambda nb, path: (saves.append(path), write(nb, path)))
+    monkeypatch.setattr(execute, "SAVE_EVERY_S", 3600.0)
+    path = tmp_path / "90_toy.ipynb"
+    shutil.copy(FIXTURES / "solutions" / "90_toy.ipynb", path)
+    ex, _ = grade(path)
+    assert len(saves) == 2  # when it starts, and when it ends (not before and after each cell)
+    executed = notebook.read(tmp_path / "out" / "90_toy.executed.ipynb")
+    assert all(c.get("execution_count") for c in executed.cells if c.cell_type == "code")
+
+
 def test_stubs_are_errors_naming_not_implemented(tmp_path):
     ex, result = grade(submit(tmp_path))
     assert result.score == 0

@@ -52,6 +52,9 @@ GRACE = 1.0
 #: seconds a call may take by default, every rank included (the checks' calls take 0.1-2 s)
 TIMEOUT = 15.0
 PR_SET_PDEATHSIG = 1  # (linux/prctl.h)
+#: new worlds started when a rank fails before it has joined the process group (gloo's
+#: connectFullMesh, on a busy machine: "Connection closed by peer"); its output is not echoed
+RENDEZVOUS_RETRIES = 1
 #: how gloo says that the rank at the other end of a connection has gone
 _LOST_PEER = re.compile(r"(Read|Write) error \[[^\]]*\]:\d+: Connection (reset|closed) by peer"
                         r"|Connection closed by peer \[[^\]]*\]:\d+")
@@ -76,10 +79,12 @@ def run(fn, world_size: int, *args, timeout: float = TIMEOUT, backend: str = "gl
     ``timeout`` (seconds) bounds the whole call; the process group's own timeout is longer, so
     a rank that waits for a message no one sends is reported with the line it waits at, not
     with gloo's timeout error. ``echo`` prints what the ranks printed, ``[rank r]`` before each
-    line. Raises :class:`RankFailure` (naming the rank) when a rank raises, exits before
-    returning, or is still running after ``timeout``; ``CheckFailure`` when a process group is
-    already initialized in this process (a ``dist.init_process_group`` outside a rank, which
-    forked ranks would inherit; it is destroyed first). Linux and macOS (fork) only.
+    line. A world in which a rank fails before it has joined the process group is started again
+    once (``RENDEZVOUS_RETRIES``). Raises :class:`RankFailure` (naming the rank) when a rank
+    raises, exits before returning, or is still running after ``timeout``; ``CheckFailure``
+    when a process group is already initialized in this process (a ``dist.init_process_group``
+    outside a rank, which forked ranks would inherit; it is destroyed first). Linux and macOS
+    (fork) only.
     """
     import torch.distributed as dist
 
@@ -92,30 +97,37 @@ def run(fn, world_size: int, *args, timeout: float = TIMEOUT, backend: str = "gl
             "groups only inside the function the ranks run.")
     if "torch.distributed.tensor" in sys.modules:  # DTensor's first op imports Dynamo (~1.5 s):
         import torch._dynamo  # noqa: F401  (once here, not once in every rank)
-    folder = Path(tempfile.mkdtemp(prefix="ranks-"))
-    ranks: list[_Rank] = []
-    try:
-        context = multiprocessing.get_context("fork")
-        with warnings.catch_warnings():  # (Python 3.12 warns on fork in a threaded process)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            for rank in range(world_size):
-                ranks.append(_Rank(context, rank, world_size, folder, backend, timeout,
-                                   fn, args))
-        _wait(ranks, time.monotonic() + timeout)
-        failed = [r for r in ranks if r.failure]
-        if failed:
-            raise _failure(failed, timeout)
-        return [r.value for r in ranks]
-    finally:
-        for r in ranks:  # (all at once: a rank that outlives a peer reports the lost peer)
-            r.kill()
-        for r in ranks:
-            r.reap()
-        if echo:
+    for attempt in range(1 + RENDEZVOUS_RETRIES):
+        folder = Path(tempfile.mkdtemp(prefix="ranks-"))
+        ranks: list[_Rank] = []
+        again = False
+        try:
+            context = multiprocessing.get_context("fork")
+            with warnings.catch_warnings():  # (Python 3.12 warns on fork in a threaded process)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                for rank in range(world_size):
+                    ranks.append(_Rank(context, rank, world_size, folder, backend, timeout,
+                                       fn, args))
+            _wait(ranks, time.monotonic() + timeout)
+            failed = [r for r in ranks if r.failure]
+            # gloo could not connect the ranks (seen on a machine busy with other work): not
+            # the answer's doing, as no rank had joined to run it; start a new world instead
+            again = attempt < RENDEZVOUS_RETRIES and any(r.failure.get("rendezvous")
+                                                         for r in failed)
+            if failed and not again:
+                raise _failure(failed, timeout)
+            if not failed:
+                return [r.value for r in ranks]
+        finally:
+            for r in ranks:  # (all at once: a rank that outlives a peer reports the lost peer)
+                r.kill()
             for r in ranks:
-                for line in r.output().splitlines():
-                    print(f"[rank {r.rank}] {line}")
-        shutil.rmtree(folder, ignore_errors=True)
+                r.reap()
+            if echo and not again:
+                for r in ranks:
+                    for line in r.output().splitlines():
+                        print(f"[rank {r.rank}] {line}")
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 class _Rank:
@@ -239,7 +251,7 @@ def _failure(failed: list[_Rank], timeout: float) -> Exception:
 def _rank_main(rank, world_size, folder, backend, timeout, fn, args, conn) -> None:
     """The body of a forked rank; never returns (``os._exit``: the parent's exit handlers, the
     kernel's among them, must not run in a copy of it)."""
-    code = 0
+    code, joined = 0, False
     try:
         os.setpgid(0, 0)
         if sys.platform == "linux":
@@ -260,6 +272,7 @@ def _rank_main(rank, world_size, folder, backend, timeout, fn, args, conn) -> No
         dist.init_process_group(backend, store=dist.FileStore(str(folder / "store"), world_size),
                                 rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout + 60))
+        joined = True
         try:
             value = fn(*args)
         finally:
@@ -276,7 +289,7 @@ def _rank_main(rank, world_size, folder, backend, timeout, fn, args, conn) -> No
     except BaseException as exc:  # noqa: BLE001 (reported to the parent, which judges it)
         code = 1
         with contextlib.suppress(Exception):  # (the parent reports a rank that sends nothing)
-            conn.send_bytes(pickle.dumps(("failed", _describe(exc))))
+            conn.send_bytes(pickle.dumps(("failed", _describe(exc) | {"rendezvous": not joined})))
     finally:
         try:
             sys.stdout.flush()

@@ -23,6 +23,30 @@ from grader.checks import CheckFailure
 from labs.distributed.launch import RankFailure, run
 
 
+def test_a_world_whose_ranks_could_not_connect_is_started_once_more(tmp_path, monkeypatch,
+                                                                   capsys):
+    marker, real = tmp_path / "failed-once", dist.init_process_group
+
+    def flaky(*args, **kwargs):  # (forked ranks share files, not memory)
+        if kwargs["rank"] == 0 and not marker.exists():
+            marker.touch()
+            raise RuntimeError("Gloo connectFullMesh failed: Connection closed by peer")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "init_process_group", flaky)
+    assert run(lambda: print("joined") or dist.get_rank(), 2) == [0, 1]
+    assert marker.exists() and "Gloo" not in capsys.readouterr().out  # (only the world that ran)
+
+
+def test_a_rank_that_never_joins_is_reported_after_the_retry(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no network")
+
+    monkeypatch.setattr(dist, "init_process_group", broken)
+    with pytest.raises(RankFailure, match="no network"):
+        run(lambda: 0, 2)
+
+
 @pytest.fixture(autouse=True)
 def leaves_nothing_behind(tmp_path, monkeypatch):
     """Every test: no child process and no ``ranks-*`` folder outlives it. (The temporary

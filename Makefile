@@ -43,13 +43,14 @@ FORMATTED := solutions $(wildcard labs/*/viz.py)
 # notebooks run top to bottom without an error in any cell and score full marks in the grader's
 # own kernels (tests/test_labs_end_to_end.py), the grader's and every exercise's tests, and a
 # learner's session in JupyterLab in a real browser (tests/test_browser.py). Two pytest workers
-# (pytest-xdist), one test file each at a time: the hostile submissions, graded by two processes
-# of their own, run beside the rest.
+# (pytest-xdist), one test file each at a time, in the order tests/conftest.py collects them (the
+# files that grade whole notebooks first, not last: --no-loadscope-reorder): the hostile
+# submissions, graded by two processes of their own, run beside the rest.
 test: $(STAMP)
 	$(PY) -m grader release --check
 	$(PY) -m ruff format --check $(FORMATTED)
 	$(PY) -m ruff check --select E501 $(FORMATTED) notebooks grader
-	$(PY) -m pytest tests -n 2 --dist loadfile
+	$(PY) -m pytest tests -n 2 --dist loadfile --no-loadscope-reorder
 
 # Learners work on copies in work/ (never overwritten), so notebooks/ stays the clean release.
 # JupyterLab opens on the first lab, with the course's kernel and settings (build/jupyter/).

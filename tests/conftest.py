@@ -40,6 +40,20 @@ def _prime_autograd_engine():
 
 _prime_autograd_engine()
 
+#: the test files that grade whole notebooks in kernels, longest first: run before the rest, so
+#: that neither pytest-xdist worker is left alone with one of them at the end of `make test`
+SLOW_FIRST = ("tests/hostile/", "tests/test_labs_end_to_end.py", "tests/test_batch.py",
+              "tests/test_grade.py")
+
+
+def pytest_collection_modifyitems(items):
+    """Collect the files of SLOW_FIRST first (in that order), the others as they come; the
+    order within a file is kept (--dist loadfile hands a worker whole files, in this order)."""
+    rank = {item: next((i for i, p in enumerate(SLOW_FIRST) if item.nodeid.startswith(p)),
+                       len(SLOW_FIRST)) for item in items}
+    items.sort(key=rank.__getitem__)
+
+
 def load_answer(exercise_id: str, source: str = "solutions"):
     """The object the answer cell of ``exercise_id`` binds, executed from ``source``
     (``solutions`` for the reference answer, ``notebooks`` for the released stub), after the

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 
 from grader.checks import CheckFailure, check, plain_tensor
+from labs.autograd.checks._nodes import recorded_by
 
 EXERCISE = "autograd.custom-function"
 
@@ -25,7 +26,6 @@ def _first_line(exc: BaseException) -> str:
 def _softplus(Softplus):
     """``f(x, beta)`` calling the answer, with the structural checks every use needs."""
     import torch
-    from torch.autograd.function import BackwardCFunction
 
     if not (isinstance(Softplus, type) and issubclass(Softplus, torch.autograd.Function)):
         raise CheckFailure("Softplus must be a class deriving from torch.autograd.Function "
@@ -41,10 +41,9 @@ def _softplus(Softplus):
             raise CheckFailure(f"Softplus.apply(x, beta) for x of shape {tuple(x.shape)} and dtype {x.dtype} "
                                f"returned shape {tuple(out.shape)}, dtype {out.dtype}: keep x's shape and dtype.")
         if x.requires_grad and torch.is_grad_enabled():
-            node = out.grad_fn
-            if not isinstance(node, BackwardCFunction) or getattr(node, "_forward_cls", None) is not Softplus:
+            if not recorded_by(out, Softplus):
                 raise CheckFailure(
-                    f"the output's grad_fn is {type(node).__name__}, not your Function's node. Compute the "
+                    f"the output's grad_fn is {type(out.grad_fn).__name__}, not your Function's node. Compute the "
                     "result in Softplus.forward (it runs with grad mode off) so that apply() records "
                     "your backward in the graph.")
         return out

@@ -21,6 +21,7 @@ import torchgen
 import yaml  # imported here, before any notebook code runs, so the guard watches its names
 
 from grader.checks import CheckFailure, check, exact, explain, learner_line, plain_tensor
+from labs.autograd.checks._nodes import recorded_by
 
 EXERCISE = "autograd.derivatives"
 
@@ -102,17 +103,15 @@ def _leaves(values):
 def _apply(Fn, name: str, values):
     """``Fn.apply(*values)`` (values: fresh leaves), checked for type and grad_fn."""
     import torch
-    from torch.autograd.function import BackwardCFunction
 
     out = Fn.apply(*values)
     if not isinstance(out, torch.Tensor):
         raise CheckFailure(f"{name}: Fn.apply(...) returned {type(out).__name__}, not a tensor.")
     plain_tensor(out, f"{name}: the output of Fn.apply(...)")
-    node = out.grad_fn
-    if not isinstance(node, BackwardCFunction) or getattr(node, "_forward_cls", None) is not Fn:
+    if not recorded_by(out, Fn):
         raise CheckFailure(
-            f"{name}: the output's grad_fn is {type(node).__name__}, not your Function's node. "
-            "Call the aten op inside forward (it runs with grad mode off), so that apply() "
+            f"{name}: the output's grad_fn is {type(out.grad_fn).__name__}, not your Function's "
+            "node. Call the aten op inside forward (it runs with grad mode off), so that apply() "
             "records your backward in the graph.")
     return out
 

@@ -36,6 +36,7 @@ import torch.autograd.functional as _functional
 from torch._functorch import eager_transforms as _transforms
 
 from grader.checks import CheckFailure, check, exact, plain_tensor
+from labs.autograd.checks._nodes import recorded_by
 
 EXERCISE = "autograd.forward-ad"
 
@@ -268,9 +269,8 @@ def _check_backward(L, x, dim, gen, where):
     _, ju = _dual_jvp(L, x, u, dim)
     leaf = x.detach().requires_grad_()
     out = L.apply(leaf, dim)
-    node = out.grad_fn
-    if getattr(node, "_forward_cls", None) is not L:
-        raise CheckFailure(f"the output's grad_fn is {type(node).__name__}, not your "
+    if not recorded_by(out, L):
+        raise CheckFailure(f"the output's grad_fn is {type(out.grad_fn).__name__}, not your "
                            "LogSumExp's node: compute the value in forward, which apply runs.")
     (jtw,) = torch.autograd.grad(out, leaf, w)
     jtw = _tensor(jtw, f"{where}: the gradient your LogSumExp.backward returns", x)

@@ -120,6 +120,18 @@ def check(exercise_id: str, *, hidden: bool = False):
     return register
 
 
+#: exercise id -> how many of its hidden checks this copy of the course does not have
+_WITHHELD: dict[str, int] = {}
+
+
+def withheld(exercise_id: str, count: int) -> None:
+    """Declare ``count`` hidden checks of ``exercise_id`` that this copy of the course does not
+    have (a learner's copy, ``grader dist student``, calls it where they were removed): checks
+    are still numbered as the instructor's grader numbers them ("check 2/6"), and a pass says
+    how many hidden checks that grader still runs."""
+    _WITHHELD[exercise_id] = _WITHHELD.get(exercise_id, 0) + count
+
+
 def checks_for(exercise_id: str, *, hidden: bool = True) -> list[Check]:
     """The checks of ``exercise_id``: public ones first, then (if ``hidden``) the hidden ones.
 
@@ -377,8 +389,9 @@ def _run(exercise_id: str, every: list[Check], answer: Any, seed: int, device: s
          hidden: bool) -> Verdict:
     ctx = CheckContext(seed=seed, device=device)
     checks = every if hidden else [c for c in every if not c.hidden]
+    total = len(every) + _WITHHELD.get(exercise_id, 0)
     for done, chk in enumerate(checks):
-        label = (f"{'hidden ' if chk.hidden else ''}check {done + 1}/{len(every)} "
+        label = (f"{'hidden ' if chk.hidden else ''}check {done + 1}/{total} "
                  f"'{chk.name}' (seed {seed})")
         try:
             with _seeded_rng(seed):
@@ -405,7 +418,7 @@ def _run(exercise_id: str, every: list[Check], answer: Any, seed: int, device: s
                 msg = _blame(exc, label)
             return Verdict(exercise_id, "error", _clip(msg), done, len(checks), seed)
     n = len(checks)
-    message = (f"{n}/{n} checks passed (seed {seed})" if hidden else
+    message = (f"{n}/{n} checks passed (seed {seed})" if n == total else
                f"{n}/{n} public checks passed (seed {seed}); the grader also runs "
-               f"{len(every) - n} hidden check(s) on other inputs")
+               f"{total - n} hidden check(s) on other inputs")
     return Verdict(exercise_id, "passed", message, n, n, seed)

@@ -110,3 +110,20 @@ def test_modifying_the_snapshot_is_refused(ref):
 def test_the_message_names_the_key_and_its_definition(ref):
     v = assert_rejected(EX, changed(ref, "largest_free_block", lambda s, v: v + 1))
     assert "'largest_free_block'" in v.message and "the largest inactive block" in v.message
+
+
+def test_the_models_answer_agrees_with_the_definitions_on_the_snapshot(ref):
+    """The checks read the answer from the model as it replays (so no copy of the course holds
+    the answer's code); the reference answer applies the exercise's definitions to the snapshot.
+    They agree on 300 seeded OOMs and on the hidden edge cases."""
+    from labs.allocator.checks import oom_forensics as checks
+
+    cases = checks.random_snapshots(123, 300)
+    cases += [checks.snapshot_at_oom(checks.REPEATED_PEAK, 64 * checks.MiB),
+              checks.snapshot_at_oom(checks.OTHER_POOL, 24 * checks.MiB),
+              checks.snapshot_at_oom(checks.FRAGMENTED, 100 * checks.MiB)]
+    culprits = 0
+    for snapshot, want in cases:
+        assert ref(snapshot) == want
+        culprits += want["culprit"] is not None
+    assert 0 < culprits < len(cases)  # both kinds of answer occur

@@ -21,7 +21,7 @@ GRADE_ARGS ?=
 # is pinned)
 TORCH_PIP_ARGS ?=
 
-.PHONY: grade test lab release venv clean
+.PHONY: grade test lab release venv clean gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,32 @@ lab: $(STAMP)
 
 release: $(STAMP)
 	$(PY) -m grader release
+
+# On a machine with a CUDA GPU, with the torch it has (any version), e.g.
+#   make gpu-check VENV=/path/to/env-with-cuda-torch
+# proves that the GPU-marked tests pass (pytest -m gpu), and that the reference solutions score
+# full marks over what could run, graded with --device cuda then on the CPU (both with
+# --allow-torch-mismatch: the results mark the exercises whose checks depend on torch 2.13.0),
+# then prints a table per lab of seconds and scores, CPU versus CUDA (build/gpu-check/). It uses
+# $(VENV) as given: it never installs torch there, only the project (pip --no-deps) and its other
+# dependencies. Without CUDA it stops at once, saying so.
+GPU_CHECK_OUT := build/gpu-check
+# the project's dependencies but torch (pyproject.toml)
+DEPS_BUT_TORCH = $(PY) -c "import tomllib; print(*(d for d in tomllib.load(open('pyproject.toml', \
+	'rb'))['project']['dependencies'] if not d.startswith('torch==')))"
+
+gpu-check:
+	@$(PY) -c "import sys, torch; torch.cuda.is_available() or sys.exit('make gpu-check needs \
+	a CUDA GPU, and torch ' + torch.__version__ + ' in $(VENV) sees none: run it on a GPU \
+	machine, with VENV= an environment whose torch is a CUDA build')"
+	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -m pip install --quiet $$($(DEPS_BUT_TORCH))
+	$(PY) -m pytest tests -m gpu -q
+	$(PY) -m grader grade solutions --device cuda --allow-torch-mismatch --force \
+		--fail-under 100 --out $(GPU_CHECK_OUT)/cuda
+	$(PY) -m grader grade solutions --device cpu --allow-torch-mismatch --force \
+		--fail-under 100 --out $(GPU_CHECK_OUT)/cpu
+	$(PY) -m grader timings $(GPU_CHECK_OUT)/cpu $(GPU_CHECK_OUT)/cuda
 
 clean:
 	rm -rf build .pytest_cache

@@ -123,27 +123,31 @@ def previous(out_dir: Path, sub: Submission, print_: str,
 
 
 def _grade_one(sub: Submission, out_dir: Path, device: str, seed: int,
-               timeout: float | None, assigned: str | None) -> LabResult:
+               timeout: float | None, assigned: str | None, allow: bool) -> LabResult:
     return grade_notebook(sub.path, out_dir, device=device, seed=seed, timeout=timeout,
-                          name=sub.name, learner=sub.learner, assigned=assigned)
+                          name=sub.name, learner=sub.learner, assigned=assigned,
+                          allow_torch_mismatch=allow)
 
 
 def grade_all(subs: list[Submission], out_dir: Path, *, device: str, seed: int,
               timeout: float | None, jobs: int = 1, force: bool = False,
               same_seed: bool = False, assigned: str | None = None,
+              allow_torch_mismatch: bool = False,
               on_outcome: Callable | None = None) -> Iterator[tuple[Submission, LabResult, bool]]:
     """Grade ``subs``, yielding ``(submission, result, reused)`` as each finishes (in completion
     order; callers sort). A submission whose result in ``out_dir`` has the same fingerprint is
     reused unless ``force`` (with ``same_seed``, only if it was graded with ``seed`` too).
     ``jobs`` > 1 grades in that many worker processes, each notebook in its own kernel and
     temporary folder; ``assigned`` is the lab the batch assigns (see :func:`assigned_lab`);
+    ``allow_torch_mismatch``: grade under a torch other than the pinned release (see
+    :func:`grader.grade.grade_notebook`);
     ``on_outcome`` (per exercise) is called only when grading runs in this process (one job,
     or one notebook to grade)."""
     todo = []
     for sub in subs:
         old = None if force else previous(out_dir, sub, fingerprint(
-            sub.path, device=device, timeout=timeout, assigned=assigned),
-            seed if same_seed else None)
+            sub.path, device=device, timeout=timeout, assigned=assigned,
+            allow_torch_mismatch=allow_torch_mismatch), seed if same_seed else None)
         if old is not None:
             yield sub, old, True
         else:
@@ -152,24 +156,28 @@ def grade_all(subs: list[Submission], out_dir: Path, *, device: str, seed: int,
         for sub in todo:
             yield sub, grade_notebook(sub.path, out_dir, device=device, seed=seed,
                                       timeout=timeout, name=sub.name, learner=sub.learner,
-                                      assigned=assigned, on_outcome=on_outcome), False
+                                      assigned=assigned, on_outcome=on_outcome,
+                                      allow_torch_mismatch=allow_torch_mismatch), False
         return
     # A submission can kill the worker grading it (its kernel runs as the same user), which
     # breaks the whole pool: the notebooks it took down are graded again, each in a pool of
     # its own, so only the one that did it is recorded as not graded.
-    broken = yield from _in_pool(todo, out_dir, device, seed, timeout, assigned, jobs)
+    allow = allow_torch_mismatch
+    broken = yield from _in_pool(todo, out_dir, device, seed, timeout, assigned, allow, jobs)
     for sub in broken:
-        yield from _in_pool([sub], out_dir, device, seed, timeout, assigned, 1, last_try=True)
+        yield from _in_pool([sub], out_dir, device, seed, timeout, assigned, allow, 1,
+                            last_try=True)
 
 
 def _in_pool(subs: list[Submission], out_dir: Path, device: str, seed: int,
-             timeout: float | None, assigned: str | None, jobs: int, last_try: bool = False):
+             timeout: float | None, assigned: str | None, allow: bool, jobs: int,
+             last_try: bool = False):
     """Grade ``subs`` in a pool of ``jobs`` spawned workers, yielding ``(sub, result, False)``;
     return the submissions lost to a broken pool (recorded as not graded when ``last_try``)."""
     lost = []
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(_grade_one, sub, out_dir, device, seed, timeout, assigned): sub
-                   for sub in subs}
+        futures = {pool.submit(_grade_one, sub, out_dir, device, seed, timeout, assigned,
+                               allow): sub for sub in subs}
         for future in as_completed(futures):
             sub = futures[future]
             try:

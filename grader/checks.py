@@ -418,7 +418,8 @@ def _run(exercise_id: str, every: list[Check], answer: Any, seed: int, device: s
                 msg = _blame(exc, label)
             return Verdict(exercise_id, "error", _clip(msg), done, len(checks), seed)
     n = len(checks)
+    which = "checks" if any(c.hidden for c in checks) else "public checks"
     message = (f"{n}/{n} checks passed (seed {seed})" if n == total else
-               f"{n}/{n} public checks passed (seed {seed}); the grader also runs "
+               f"{n}/{n} {which} passed (seed {seed}); the grader also runs "
                f"{total - n} hidden check(s) on other inputs")
     return Verdict(exercise_id, "passed", message, n, n, seed)

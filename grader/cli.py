@@ -1,4 +1,5 @@
-"""Command line: ``grader release [--check]`` and ``grader grade PATH... --out DIR``."""
+"""Command line: ``grader release [--check]``, ``grader grade PATH... --out DIR`` and
+``grader timings CPU_DIR CUDA_DIR``."""
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,12 @@ naming: learners come from the path: <searched folder>/<learner>/..., or
   with the learner's name (alice_02_autograd), else <learner>-<stem> (alice-02_autograd for
   alice/02_autograd.ipynb); a later clash gets -2, -3...
 
-exit codes: 0 graded, 1 a notebook could not be graded, 2 bad arguments, 3 --fail-under
+torch: the labs are written for the pinned torch release; under another one grading is
+  refused (exit 2) unless --allow-torch-mismatch: then every result and report records both
+  versions and marks (†) the exercises whose checks depend on behaviour of the pinned release.
+
+exit codes: 0 graded, 1 a notebook could not be graded, 2 bad arguments (or a torch other than
+  the pinned one, without --allow-torch-mismatch), 3 --fail-under
 """
 
 
@@ -80,14 +86,43 @@ def cmd_lab(args, console: Console) -> int:
     return 0  # (not reached: launch replaces this process)
 
 
+def cmd_dist(args, console: Console) -> int:
+    from grader import dist
+
+    if args.kind == "student":
+        files = dist.student(args.root, args.out)
+        console.print(f"wrote a learner's copy of the course in {safe(str(args.out))} "
+                      f"({len(files)} files): no solution, no hidden check")
+    else:
+        dist.gradescope(args.root, args.out)
+        console.print(f"wrote the Gradescope autograder {safe(str(args.out))}: upload it as "
+                      "the assignment's autograder (Configure Autograder, Zip file upload)")
+    return 0
+
+
+def cmd_autograde(args, console: Console) -> int:
+    from grader.dist import autograde
+
+    results = autograde(args.root)
+    console.print(f"{results['score']:g}/{results['max_score']:g} -> "
+                  f"{safe(str(args.root / 'results' / 'results.json'))}")
+    return 0
+
+
 def cmd_grade(args, console: Console) -> int:
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                TimeElapsedColumn, TimeRemainingColumn)
 
     from grader.batch import assigned_lab, find_submissions, grade_all
     from grader.exports import load_graded, write_reports
-    from grader.grade import new_seed, resolve_device
+    from grader.grade import check_torch, new_seed, resolve_device
+    from grader.results import PINNED_TORCH, installed_torch, is_pinned_torch
 
+    check_torch(args.allow_torch_mismatch)
+    if not is_pinned_torch(installed := installed_torch()):
+        console.print(f"[yellow]torch {safe(installed)}, not the pinned {PINNED_TORCH}: grading "
+                      "anyway (--allow-torch-mismatch); the exercises whose checks depend on "
+                      f"behaviour of torch {PINNED_TORCH} are marked †[/yellow]")
     device = resolve_device(args.device)
     seed = new_seed() if args.seed is None else args.seed
     subs = find_submissions(args.paths)
@@ -109,6 +144,7 @@ def cmd_grade(args, console: Console) -> int:
         for sub, result, reused in grade_all(
                 subs, args.out, device=device, seed=seed, timeout=args.timeout, jobs=args.jobs,
                 force=args.force, same_seed=args.seed is not None, assigned=assigned,
+                allow_torch_mismatch=args.allow_torch_mismatch,
                 on_outcome=progress if len(subs) == 1 else None):
             done[sub] = (result, reused)
             bar.advance(task)
@@ -148,6 +184,36 @@ def cmd_grade(args, console: Console) -> int:
     if any(r.error for _, r, _ in results):
         return 1
     return 3 if below else 0
+
+
+def cmd_timings(args, console: Console) -> int:
+    from grader.report import timings_table
+
+    by_lab = [_results_by_lab(folder) for folder in (args.cpu_dir, args.cuda_dir)]
+    console.print(timings_table(*by_lab))
+    return 0
+
+
+def _results_by_lab(folder: Path) -> dict:
+    """lab id -> the one result of that lab in ``folder`` (GraderError when the folder is
+    missing, holds no result, or holds two of one lab)."""
+    from grader.exports import load_graded
+
+    if not folder.is_dir():
+        raise GraderError(f"{folder}: no such folder (give the --out folder of a grading)")
+    found = {}
+    for path in sorted(folder.glob("*.json")):
+        try:
+            result = load_graded(path).result
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not a result
+        if result.lab in found:
+            raise GraderError(f"{folder}: two results of lab {result.lab}; time a folder that "
+                              "holds one grading of each lab (e.g. of solutions/)")
+        found[result.lab] = result
+    if not found:
+        raise GraderError(f"{folder}: no results (give the --out folder of a grading)")
+    return found
 
 
 def _results_to_report(args, console: Console) -> list:
@@ -238,7 +304,36 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument("--fail-under", type=_number(float, 0, 100, "a percentage (0 to 100)"),
                        default=None, metavar="PCT",
                        help="exit 3 when a score is below PCT%% of what could run here")
+    grade.add_argument("--allow-torch-mismatch", action="store_true",
+                       help="grade under a torch other than the pinned release (by default "
+                       "refused): the results record both versions and mark the exercises "
+                       "whose checks depend on behaviour of the pinned release")
     grade.set_defaults(func=cmd_grade)
+
+    timings = sub.add_parser("timings", help="a table per lab of the seconds and scores of two "
+                             "result folders, graded on CPU and on CUDA")
+    timings.add_argument("cpu_dir", type=Path, metavar="CPU_DIR",
+                         help="the --out folder of a grading on the CPU")
+    timings.add_argument("cuda_dir", type=Path, metavar="CUDA_DIR",
+                         help="the --out folder of the same notebooks graded with --device cuda")
+    timings.set_defaults(func=cmd_timings)
+
+    dist = sub.add_parser("dist", help="write a copy of the course for a class: a learner's "
+                          "(no solution, no hidden check) or a Gradescope autograder")
+    dist.add_argument("kind", choices=["student", "gradescope"],
+                      help="student: a folder for learners (the released notebooks, public "
+                      "checks, self-check, README, Makefile, GitHub Classroom workflow); "
+                      "gradescope: an autograder .zip (setup.sh, run_autograder, every check)")
+    dist.add_argument("out", type=Path, metavar="OUT",
+                      help="a new (or empty) folder for student, a .zip file for gradescope")
+    dist.add_argument("--root", type=Path, default=Path("."), help="course root (default: .)")
+    dist.set_defaults(func=cmd_dist)
+
+    auto = sub.add_parser("autograde", help="grade a Gradescope submission: ROOT/submission -> "
+                          "ROOT/results/results.json (what the autograder's run_autograder runs)")
+    auto.add_argument("root", type=Path, nargs="?", default=Path("/autograder"), metavar="ROOT",
+                      help="Gradescope's folder (default: /autograder)")
+    auto.set_defaults(func=cmd_autograde)
     return parser
 
 

@@ -118,6 +118,17 @@ def verdict(exercise_id: str, title: str, status: str, message: str) -> dict[str
     return {"text/plain": text, "text/html": page}
 
 
+def warning(title: str, message: str) -> dict[str, str]:
+    """A warning as a MIME bundle: a ⚠ badge, ``title`` in bold, and ``message`` (wrapping at
+    word boundaries, its `quoted code` as code); ``text/plain`` is ``⚠ title: message``."""
+    colour = "#9a6700"
+    page = (f'<div style="border-left:4px solid {colour};padding:4px 10px;margin:2px 0">'
+            f'<span style="background:{colour};color:#fff;border-radius:3px;padding:0 6px;'
+            f'font-weight:600">⚠ warning</span> <b>{html.escape(title)}</b>'
+            f'<div style="{_WRAP};margin-top:4px">{_inline_code(message)}</div></div>')
+    return {"text/plain": f"⚠ {title}: {strip_paths(message)}", "text/html": page}
+
+
 def progress(title: str, rows: Sequence[tuple[str, str, str, float, float]]) -> dict[str, str]:
     """A lab's progress as a MIME bundle. ``rows``: (exercise id, title, status of its last
     self-check or ``not run``, points if the hidden checks pass too, max points)."""

@@ -29,6 +29,7 @@ import statistics
 import sys
 import sysconfig
 import tempfile
+from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterator
@@ -39,7 +40,7 @@ from markupsafe import Markup, escape
 from grader import notebook
 from grader.errors import GraderError
 from grader.files import atomic_open, atomic_write
-from grader.results import STATUSES, LabResult
+from grader.results import CAVEAT_MARK, STATUSES, LabResult, mismatch_note
 
 #: characters of one text output shown in feedback; the rest is cut with a note
 MAX_TEXT_CHARS = 2000
@@ -156,7 +157,9 @@ def gradebook_rows(graded: list[Graded], assigned: dict[str, float] | None = Non
     exercises score 0 and count in ``max_score`` but not ``runnable_max_score``. A result with
     no exercises (grading failed before its lab was known) adds only to ``grading_errors``.
     When one learner has several results for one lab, the best counts, and ``grading_errors``
-    says so."""
+    says so. When some result was run under a torch other than the pinned release, a last
+    column ``torch_caveats`` names, per lab counted, both versions and the exercises marked
+    ``version_caveat`` (see :func:`grader.results.mismatch_note`)."""
     labs = _lab_order(graded)
     lab_max = {lab: max(g.result.max_score for g in graded if g.result.lab == lab
                         and g.result.exercises) for lab in labs}
@@ -168,6 +171,8 @@ def gradebook_rows(graded: list[Graded], assigned: dict[str, float] | None = Non
         columns += [eid for eid, _ in exercises] + [f"{lab}:score", f"{lab}:max",
                                                     f"{lab}:runnable_max"]
     columns += ["score", "max_score", "runnable_max_score", "grading_errors"]
+    if any(g.result.environment.torch_mismatch for g in graded):
+        columns.append("torch_caveats")
 
     by_learner: dict[str, dict[str, Graded]] = {}
     errors: dict[str, list[str]] = {}
@@ -207,8 +212,19 @@ def gradebook_rows(graded: list[Graded], assigned: dict[str, float] | None = Non
                                         runnable + r.runnable_max_score)
         row.update(score=_num(score), max_score=_num(maximum), runnable_max_score=_num(runnable),
                    grading_errors=" | ".join(errors[learner]))
+        if "torch_caveats" in columns:
+            row["torch_caveats"] = " | ".join(
+                _caveats(g.result) for g in mine.values() if g.result.environment.torch_mismatch)
         rows.append(row)
     return columns, rows
+
+
+def _caveats(r: LabResult) -> str:
+    """One lab's torch caveat in one line: both versions and the exercises marked."""
+    env = r.environment
+    marked = [e.id for e in r.exercises if e.version_caveat]
+    return (f"{r.lab}: torch {env.torch_version}, pinned {env.torch_pinned}; "
+            + (f"{CAVEAT_MARK} {' '.join(marked)}" if marked else "no exercise marked"))
 
 
 def write_gradebook_csv(graded: list[Graded], path: Path,
@@ -466,7 +482,10 @@ for _env in (_HTML, _MARKDOWN):
 def _feedback_context(g: Graded) -> dict:
     outputs, note = answer_outputs(g.executed)
     r = g.result
-    return {"name": g.name, "learner": g.learner, "r": r, "env": r.environment,
+    env = r.environment
+    return {"name": g.name, "learner": g.learner, "r": r, "env": env,
+            "torch_note": mismatch_note(env) if env.torch_mismatch else None,
+            "mark": CAVEAT_MARK,
             "exercises": [(e, _runs(outputs.get(e.id, []))) for e in r.exercises],
             "problems": [e for e in r.exercises if e.status != "passed"],
             "skipped": sum(e.status == "skipped" for e in r.exercises),
@@ -501,7 +520,10 @@ def junit_xml(graded: list[Graded]) -> bytes:
     ``<failure>`` (failed), ``<error type="error|timeout|crashed">`` or ``<skipped>`` whose
     message is the result's message. A submission whose grading failed before any exercise was
     known gets one ``<testcase name="grading">`` with an ``<error type="error">`` saying why,
-    so that CI dashboards do not lose it. Characters XML cannot hold are dropped."""
+    so that CI dashboards do not lose it. Under a torch other than the pinned release the
+    suite has a ``torch_caveat`` property (:func:`grader.results.mismatch_note`) and each
+    exercise marked ``version_caveat`` a ``version_caveat`` property (``true``), its message
+    prefixed with the mark. Characters XML cannot hold are dropped."""
     from junitparser import Error, Failure, Skipped
     from junitparser.xunit2 import JUnitXml, TestCase, TestSuite
 
@@ -515,8 +537,10 @@ def junit_xml(graded: list[Graded]) -> bytes:
                            ("notebook", r.notebook), ("score", _num(r.score)),
                            ("max_score", _num(r.max_score)),
                            ("runnable_max_score", _num(r.runnable_max_score)),
-                           *((k, str(v)) for k, v in asdict(env).items()),
-                           *((("error", r.error),) if r.error else ())):
+                           *((k, str(v)) for k, v in asdict(env).items() if v is not None),
+                           *((("error", r.error),) if r.error else ()),
+                           *((("torch_caveat", mismatch_note(env)),)
+                             if env.torch_mismatch else ())):
             suite.add_property(key, _xml_text(value))
         cases = []
         for e in r.exercises:
@@ -524,6 +548,9 @@ def junit_xml(graded: list[Graded]) -> bytes:
             case.add_property("points", _num(e.points))
             case.add_property("max_points", _num(e.max_points))
             message = _xml_text(e.message)
+            if e.version_caveat:
+                case.add_property("version_caveat", "true")
+                message = f"{CAVEAT_MARK} {message}"
             if e.status == "failed":
                 case.result = [Failure(message, "failed")]
             elif e.status in ("error", "timeout", "crashed"):
@@ -574,7 +601,9 @@ def gradescope_results(result: LabResult) -> dict:
     with 0 points and ``skipped: <reason>`` as its output; grade labs that need a GPU on a GPU
     runner. ``output`` and ``extra_data.runnable_max_score`` still give the score over what
     could run. A test's own finer status (error, timeout, crashed, skipped) is in its
-    ``extra_data``."""
+    ``extra_data``. Under a torch other than the pinned release ``output`` says so (both
+    versions, :func:`grader.results.mismatch_note`) and the output of each test marked
+    ``version_caveat`` starts with the mark."""
     env = result.environment
     lines = [_run_line(result)]
     if skipped := [e for e in result.exercises if e.status == "skipped"]:
@@ -583,9 +612,12 @@ def gradescope_results(result: LabResult) -> dict:
     lines += [f"note: {n}" for n in result.notes]
     if result.error:
         lines.append(f"grading error: {result.error}")
+    if env.torch_mismatch:
+        lines.append(f"torch: {mismatch_note(env)}.")
     tests = [{"name": f"{e.id}: {e.title}", "score": e.points, "max_score": e.max_points,
               "status": "passed" if e.status == "passed" else "failed",
-              "output": e.message if e.status == "passed" else f"{e.status}: {e.message}",
+              "output": (f"{CAVEAT_MARK} " if e.version_caveat else "")
+              + (e.message if e.status == "passed" else f"{e.status}: {e.message}"),
               "visibility": "visible",
               "extra_data": {"id": e.id, "status": e.status, "duration_s": e.duration_s}}
              for e in result.exercises]
@@ -635,7 +667,10 @@ def class_summary(graded: list[Graded]) -> dict:
       bins over [0, max_score], the last closed);
     - ``exercises`` by id: ``title``, ``max_points``, ``submissions``, ``ran`` (not skipped),
       ``counts`` per status (every status, 0 included), ``mean_points`` and ``pass_rate``
-      (passed / ran), both over the submissions that ran it, None when none did.
+      (passed / ran), both over the submissions that ran it, None when none did, and
+      ``version_caveats`` (the results that mark it ``version_caveat``);
+    - ``torch_mismatch``: None when every submission ran on the pinned torch, else ``pinned``
+      (the release) and ``versions`` (count per other torch version it ran with).
 
     A lab's statistics count one result per learner, the best, as the gradebook does (two
     copies handed in by one learner are one submission there).
@@ -664,14 +699,19 @@ def class_summary(graded: list[Graded]) -> dict:
                 "counts": {s: sum(e.status == s for e in results) for s in STATUSES},
                 "mean_points": round(statistics.fmean(e.points for e in ran), 4) if ran else None,
                 "pass_rate": (round(sum(e.status == "passed" for e in ran) / len(ran), 4)
-                              if ran else None)}
+                              if ran else None),
+                "version_caveats": sum(e.version_caveat for e in results)}
+        others = [r.environment for r in mine if r.environment.torch_mismatch]
+        mismatch = None if not others else {
+            "pinned": others[0].torch_pinned,
+            "versions": dict(Counter(env.torch_version for env in others))}
         labs[lab] = {
             "submissions": len(mine), "grading_errors": sum(r.error is not None for r in mine),
             "devices": devices, "max_score": maximum, "score": _stats(scores),
             "mean_fraction": round(statistics.fmean(whole), 4) if whole else None,
             "mean_runnable_fraction": round(statistics.fmean(runnable), 4) if runnable else None,
             "scores": sorted(scores), "histogram": _histogram(scores, maximum),
-            "exercises": per_ex}
+            "exercises": per_ex, "torch_mismatch": mismatch}
     return {"submissions": len(graded), "learners": len({g.learner for g in graded}),
             "ungraded": [{"name": g.name, "learner": g.learner, "error": g.result.error}
                          for g in graded if not g.result.exercises],
@@ -713,7 +753,7 @@ def summary_html(graded: list[Graded]) -> str:
     images = {lab: base64.b64encode(histogram_png(lab, s)).decode("ascii")
               for lab, s in summary["labs"].items()}
     return _HTML.get_template("summary.html").render(
-        summary=summary, images=images, graded=graded, statuses=STATUSES)
+        summary=summary, images=images, graded=graded, statuses=STATUSES, mark=CAVEAT_MARK)
 
 
 # --------------------------------------------------------------------------- everything

@@ -21,7 +21,8 @@ from grader.assemble import assemble
 from grader.errors import GraderError
 from grader.execute import Outcome  # noqa: F401  (importing registers the "grader" engine)
 from grader.labs import Exercise, Lab, lab_from_name, lab_of, load_lab
-from grader.results import Environment, ExerciseResult, LabResult
+from grader.results import (PINNED_TORCH, Environment, ExerciseResult, LabResult,
+                            installed_torch, is_pinned_torch)
 from grader.sandbox import Limits
 
 
@@ -45,6 +46,18 @@ def resolve_device(device: str) -> str:
         raise GraderError("--device cuda, but torch sees no CUDA GPU here (torch "
                           f"{torch.__version__}); use --device cpu or auto")
     return "cpu"
+
+
+def check_torch(allow_mismatch: bool) -> None:
+    """The torch-version policy: GraderError (naming both versions and the two ways out) when
+    the installed torch is not the pinned release, unless ``allow_mismatch``
+    (``--allow-torch-mismatch``)."""
+    if not allow_mismatch and not is_pinned_torch(installed := installed_torch()):
+        raise GraderError(f"torch {installed} is installed, but the labs are written for torch "
+                          f"{PINNED_TORCH}: install torch=={PINNED_TORCH} (README: Why torch is "
+                          "pinned), or pass --allow-torch-mismatch to grade anyway (the results "
+                          "then record both versions and mark the exercises whose checks depend "
+                          f"on behaviour of torch {PINNED_TORCH})")
 
 
 def _message(ex: Exercise, outcome: Outcome, missing: bool, markdown: bool) -> str:
@@ -77,12 +90,13 @@ def _failed_result(lab: Lab | None, path: Path, env: Environment, reason: str,
 
 
 def fingerprint(path: Path, *, device: str, timeout: float | None,
-                assigned: str | None = None) -> str:
+                assigned: str | None = None, allow_torch_mismatch: bool = False) -> str:
     """A digest of everything a result depends on except the seed: the submission's bytes, its
-    lab's table, checks and release, the grader version, the device, the time limit and the
-    lab the batch assigns (see :func:`grade_notebook`)."""
+    lab's table, checks and release, the grader and torch versions, the device, the time limit,
+    the lab the batch assigns and the torch-version policy (see :func:`grade_notebook`)."""
     h = hashlib.sha256()
-    h.update(json.dumps([__version__, device, timeout, assigned]).encode())
+    h.update(json.dumps([__version__, installed_torch(), device, timeout, assigned,
+                         allow_torch_mismatch]).encode())
     h.update(path.read_bytes() if path.is_file() else b"")
     try:
         lab = load_lab(lab_of(notebook.read(path), path))
@@ -109,6 +123,7 @@ def _lab_from_name(path: Path, default: str | None = None) -> Lab | None:
 def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int | None = None,
                    timeout: float | None = None, name: str | None = None,
                    learner: str | None = None, assigned: str | None = None,
+                   allow_torch_mismatch: bool = False,
                    on_outcome: Callable[[Outcome], None] | None = None) -> LabResult:
     """Grade the notebook at ``path``; write ``out_dir/<name>.json`` and the executed notebook
     ``out_dir/<name>.executed.ipynb`` (``name`` defaults to the file's stem); return the result.
@@ -117,6 +132,11 @@ def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int 
     result; ``assigned`` is the lab the batch assigns: a notebook that does not say which lab it
     is (see :func:`grader.labs.lab_of`) is graded as that lab, with a note, and one that cannot
     be read scores 0 of that lab's points. The result records the notebook's absolute path.
+    Under a torch other than the pinned release the notebook is not graded (the result's
+    ``error`` says why: :func:`check_torch`) unless ``allow_torch_mismatch``; then the
+    notebook's setup cell is told to allow it (the ``torch_policy`` parameter, which is
+    ``refuse`` otherwise) and the exercises whose checks depend on the pinned release
+    (``pinned_behaviour``) carry ``version_caveat``.
     Never raises for a bad submission: the result's ``error`` says why grading could not
     happen."""
     started = time.monotonic()
@@ -135,8 +155,10 @@ def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int 
             lab = load_lab(assigned)
             notes = [f"{str(exc).replace(str(path), path.name).split(': ', 1)[-1]}; it was "
                      f"graded as {assigned}, the lab this batch assigns"]
+        check_torch(allow_torch_mismatch)
         result = _grade(path, submission, lab, env, out_dir / f"{name}.executed.ipynb",
-                        timeout=timeout, on_outcome=on_outcome, started=started, notes=notes)
+                        timeout=timeout, on_outcome=on_outcome, started=started, notes=notes,
+                        torch_policy="allow" if allow_torch_mismatch else "refuse")
     except GraderError as exc:  # unreadable, unknown lab: the file name may still say which lab
         # the learner sees this reason: name their file, not the folders it sits in here
         reason = str(exc).replace(str(path), path.name)
@@ -147,7 +169,8 @@ def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int 
                                 started)
     result = replace(result, notebook=str(path.absolute()), learner=learner,
                      fingerprint=fingerprint(path, device=device, timeout=timeout,
-                                             assigned=assigned))
+                                             assigned=assigned,
+                                             allow_torch_mismatch=allow_torch_mismatch))
     result.write(out_dir / f"{name}.json")
     return result
 
@@ -180,8 +203,9 @@ def _origin_notes(submission, lab: Lab, path: Path) -> list[str]:
 
 def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *,
            timeout: float | None, on_outcome: Callable[[Outcome], None] | None,
-           started: float, notes: list[str]) -> LabResult:
-    """Assemble, execute and score a readable submission of ``lab``."""
+           started: float, notes: list[str], torch_policy: str) -> LabResult:
+    """Assemble, execute and score a readable submission of ``lab``; ``torch_policy`` is the
+    notebook's parameter of that name (see :func:`grader.selfcheck.require_torch`)."""
     device, seed = env.device, env.seed
     release = notebook.read(lab.release_path)
     skipped = {e.id: r for e in lab.exercises if (r := e.unmet(device))}
@@ -205,7 +229,8 @@ def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *
         work.mkdir()
         try:
             papermill.execute_notebook(
-                built.nb, str(executed), parameters={"device": device, "seed": seed},
+                built.nb, str(executed),
+                parameters={"device": device, "seed": seed, "torch_policy": torch_policy},
                 engine_name="grader", kernel_name="python3", progress_bar=False, cwd=str(work),
                 on_outcome=record, timeouts=timeouts, workdir=work, home=home, limits=limits,
                 key=secrets.token_bytes(32), input_name=path.name)
@@ -226,6 +251,10 @@ def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *
         else:
             results.append(ExerciseResult(e.id, e.title, "error", 0.0, e.points,
                                           f"not graded: {error or 'its checks never ran'}"))
+    if env.torch_mismatch:  # (allowed: see grade_notebook)
+        marked = {e.id for e in lab.exercises if e.pinned_behaviour}
+        results = [replace(r, version_caveat=r.id in marked and r.status != "skipped")
+                   for r in results]
     notes = notes + [f"{notebook.describe(cell)} differs from the release; the released "
                      "version was run" for cell in built.edited]
     passed = {r.id for r in results if r.status == "passed"}

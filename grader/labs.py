@@ -25,7 +25,11 @@ class Exercise:
 
     ``answer`` is the name the learner's answer cell binds in the notebook (a function, class or
     value); ``timeout`` is the exercise's time limit in seconds; ``requires`` lists what it needs
-    to run (``cpu``, ``cuda``, ``cuda>=2``, ``cxx``).
+    to run (``cpu``, ``cuda``, ``cuda>=2``, ``cxx``); ``pinned_behaviour``: its checks depend on
+    behaviour of the pinned torch release (they compare with values, orders, counts or rules
+    typed in from it, or its reference answer relies on internals another release may lack),
+    not only on the installed torch as the oracle: a run under another release (``grader grade
+    --allow-torch-mismatch``) marks its result (``version_caveat``).
     """
 
     id: str
@@ -34,6 +38,7 @@ class Exercise:
     points: float
     requires: tuple[str, ...] = ("cpu",)
     timeout: float = 120.0
+    pinned_behaviour: bool = False
 
     def unmet(self, device: str) -> str | None:
         """Why this exercise cannot run on ``device`` (``cpu``/``cuda``) here; None if it can."""
@@ -103,6 +108,13 @@ def lab_ids() -> list[str]:
     return sorted(_tables())
 
 
+def _flag(value) -> bool:
+    """A true/false field of the lab table (TypeError for anything else, such as "false")."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{value!r} is not true or false")
+    return value
+
+
 def load_lab(lab_id: str) -> Lab:
     """Read ``labs/<lab_id>/lab.toml``. Raises GraderError if the lab or a field is missing."""
     path = _tables().get(lab_id)
@@ -118,6 +130,7 @@ def load_lab(lab_id: str) -> Lab:
                 points=float(e["points"]),
                 requires=tuple(e.get("requires", ["cpu"])),
                 timeout=float(e.get("timeout", 120)),
+                pinned_behaviour=_flag(e.get("pinned_behaviour", False)),
             )
             for e in raw["exercises"]
         )

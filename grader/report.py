@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from grader.results import LabResult
+from grader.results import CAVEAT_MARK, LabResult, mismatch_note
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
@@ -29,13 +29,16 @@ STYLE = {"passed": "green", "failed": "red", "error": "red", "timeout": "yellow"
 
 def table(result: LabResult) -> Table:
     """A per-exercise table with the score over the whole lab and over what could run; the
-    messages of exercises that did not pass follow the table (see :func:`print_result`)."""
+    messages of exercises that did not pass follow the table (see :func:`print_result`). Under
+    a torch other than the pinned one the caption names the pinned release too, and the
+    exercises with a ``version_caveat`` are marked."""
     env = result.environment
+    pinned = f" (pinned {env.torch_pinned})" if env.torch_mismatch else ""
     t = Table(title=safe(f"{result.lab} — {result.notebook}"),
               caption=(f"score {result.score:g}/{result.max_score:g} "
                        f"(over what could run here: "
                        f"{result.score:g}/{result.runnable_max_score:g})"
-                       f" · seed {env.seed} · {env.device} · torch {env.torch_version}"
+                       f" · seed {env.seed} · {env.device} · torch {env.torch_version}{pinned}"
                        f" · {result.duration_s:.1f} s"),
               expand=True)
     t.add_column("exercise", no_wrap=True)
@@ -44,14 +47,15 @@ def table(result: LabResult) -> Table:
     t.add_column("points", justify="right", no_wrap=True)
     t.add_column("time", justify="right", no_wrap=True)
     for e in result.exercises:
-        t.add_row(e.id, e.title, f"[{STYLE[e.status]}]{e.status}[/]",
+        t.add_row(e.id + (f" {CAVEAT_MARK}" if e.version_caveat else ""), e.title,
+                  f"[{STYLE[e.status]}]{e.status}[/]",
                   f"{e.points:g}/{e.max_points:g}", f"{e.duration_s:.1f} s")
     return t
 
 
 def print_result(result: LabResult, console: Console) -> None:
-    """Print the table, what to fix for each exercise that did not pass, any notes and the
-    grading error."""
+    """Print the table, what to fix for each exercise that did not pass, any notes, the
+    grading error and, under a torch other than the pinned one, what the mark means."""
     t = table(result)
     t.expand = console.is_terminal  # (into a file: the table's natural width, nothing cut)
     console.print(t)
@@ -64,6 +68,9 @@ def print_result(result: LabResult, console: Console) -> None:
         console.print(f"[dim]note:[/dim] {safe(note)}", highlight=False)
     if result.error:
         console.print(f"[red]grading error:[/red] {safe(result.error)}", highlight=False)
+    if result.environment.torch_mismatch:
+        console.print(f"[yellow]torch:[/yellow] {safe(mismatch_note(result.environment))}",
+                      highlight=False)
 
 
 def summary_table(results, expand: bool = True) -> Table:
@@ -84,4 +91,25 @@ def summary_table(results, expand: bool = True) -> Table:
                   safe(str(sub.path)) + (" [dim](reused)[/dim]" if reused else ""),
                   f"{r.score:g}/{r.max_score:g}", f"{r.score:g}/{r.runnable_max_score:g}",
                   statuses)
+    return t
+
+
+def timings_table(cpu: dict[str, LabResult], cuda: dict[str, LabResult]) -> Table:
+    """One row per lab (results by lab id, of a grading on the CPU and one on CUDA): seconds
+    on each (the whole notebook's wall time), CPU seconds over CUDA seconds, and each score over
+    what could run there; ``–`` where a lab has no result on one side."""
+    t = Table(title="CPU versus CUDA")
+    for name in ("lab", "CPU s", "CUDA s", "CPU/CUDA", "CPU score", "CUDA score"):
+        t.add_column(name, justify="left" if name == "lab" else "right")
+
+    def seconds(r):
+        return f"{r.duration_s:.1f}" if r else "–"
+
+    def score(r):
+        return f"{r.score:g}/{r.runnable_max_score:g}" if r else "–"
+
+    for lab in sorted(cpu.keys() | cuda.keys()):
+        a, b = cpu.get(lab), cuda.get(lab)
+        ratio = f"{a.duration_s / b.duration_s:.2f}" if a and b and b.duration_s else "–"
+        t.add_row(lab, seconds(a), seconds(b), ratio, score(a), score(b))
     return t

@@ -18,12 +18,35 @@ from grader.files import atomic_write
 SCHEMA = "pytorch-internals-course/lab-result"
 SCHEMA_VERSION = 1
 STATUSES = ("passed", "failed", "error", "timeout", "crashed", "skipped")
+#: the torch release the course is written for: pyproject.toml pins it (a test keeps the two
+#: equal); grading under another release needs ``--allow-torch-mismatch``
+PINNED_TORCH = "2.13.0"
+#: what marks an exercise with ``version_caveat`` in every report (explained by
+#: :func:`mismatch_note`)
+CAVEAT_MARK = "†"
+
+
+def installed_torch() -> str:
+    """The installed torch's version as its package records it (``2.13.0+cpu``), or ``not
+    installed``."""
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def is_pinned_torch(version: str) -> bool:
+    """Whether ``version`` (``2.13.0+cu128``) is the pinned release, whatever its build."""
+    return version.split("+")[0] == PINNED_TORCH
 
 
 @dataclass(frozen=True)
 class ExerciseResult:
     """One exercise's outcome. ``points`` is ``max_points`` when passed, else 0;
-    ``duration_s`` is wall time in seconds from its first cell to its verdict."""
+    ``duration_s`` is wall time in seconds from its first cell to its verdict.
+    ``version_caveat``: graded under a torch other than the pinned release, and its checks
+    depend on behaviour of that release (``pinned_behaviour`` in the lab table), so its status
+    may reflect the version rather than the answer; False in every run on the pinned release."""
 
     id: str
     title: str
@@ -32,6 +55,7 @@ class ExerciseResult:
     max_points: float
     message: str
     duration_s: float = 0.0
+    version_caveat: bool = False
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -40,7 +64,9 @@ class ExerciseResult:
 
 @dataclass(frozen=True)
 class Environment:
-    """Where and how a run happened. ``started_at`` is an ISO 8601 UTC timestamp."""
+    """Where and how a run happened. ``started_at`` is an ISO 8601 UTC timestamp;
+    ``torch_pinned`` is the release the course pinned when the run happened (None in results
+    written before the grader recorded it: those ran on the pinned release)."""
 
     torch_version: str
     device: str
@@ -48,16 +74,29 @@ class Environment:
     grader_version: str
     python_version: str
     started_at: str
+    torch_pinned: str | None = None
+
+    @property
+    def torch_mismatch(self) -> bool:
+        """Whether the run's torch was not the release the course pinned (a run graded with
+        ``--allow-torch-mismatch``)."""
+        return (self.torch_pinned is not None
+                and self.torch_version.split("+")[0] != self.torch_pinned)
 
     @classmethod
     def current(cls, device: str, seed: int) -> "Environment":
-        try:
-            torch_version = metadata.version("torch")
-        except metadata.PackageNotFoundError:
-            torch_version = "not installed"
-        return cls(torch_version=torch_version, device=device, seed=seed,
+        return cls(torch_version=installed_torch(), device=device, seed=seed,
                    grader_version=__version__, python_version=platform.python_version(),
-                   started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+                   started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                   torch_pinned=PINNED_TORCH)
+
+
+def mismatch_note(env: Environment) -> str:
+    """The line every report shows for a run graded under a torch other than the pinned one
+    (``env.torch_mismatch``): both versions, and what :data:`CAVEAT_MARK` means."""
+    return (f"run with torch {env.torch_version}, but the course pins torch {env.torch_pinned}: "
+            f"{CAVEAT_MARK} marks the exercises whose checks depend on behaviour of torch "
+            f"{env.torch_pinned}; their status may reflect the version rather than the answer")
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ public then hidden ones and emits the verdict as one output of mimetype :data:`V
 that the grader reads back. :func:`progress` shows every exercise's last self-check, and each
 :func:`check` updates that display; :func:`hint` shows an exercise's next hint
 (``labs/<lab>/hints.toml``), as does the button under a failing verdict.
+:func:`require_torch`, called by every lab's setup cell, applies the torch-version policy.
 """
 from __future__ import annotations
 
@@ -18,9 +19,12 @@ from grader import display as rich
 from grader import guard
 from grader.checks import Verdict, run_checks, torch_defaults
 from grader.labs import lab_ids, load_hints, load_lab
+from grader.results import PINNED_TORCH, installed_torch, is_pinned_torch
 
 VERDICT_MIME = "application/vnd.pytorch-internals.verdict+json"
 
+#: what the notebook's ``torch_policy`` parameter may say (see :func:`require_torch`)
+TORCH_POLICIES = ("warn", "refuse", "allow")
 #: exercise id -> the status of its last self-check in this kernel
 _LAST: dict[str, str] = {}
 #: exercise id -> how many of its hints have been shown in this kernel
@@ -76,6 +80,42 @@ def check(exercise_id: str) -> None:
                                 "the next one.")
         display(bundle, raw=True)
     display(_progress(lab.id), raw=True, update=True, display_id=_progress_id(lab.id))
+
+
+def require_torch(lab_id: str) -> None:
+    """The setup cell's torch-version check for lab ``lab_id``, by the notebook's
+    ``torch_policy`` parameter: ``warn`` (its default, and when undefined: a learner's own
+    JupyterLab), ``refuse`` (the grader's default) or ``allow`` (the grader's, with
+    ``--allow-torch-mismatch``). On the pinned release it does nothing. Under another one,
+    ``warn`` shows a warning (a rich display with a text fallback) naming both versions and the
+    lab's exercises whose checks depend on the pinned release, and the notebook goes on;
+    ``allow`` shows a one-line note; ``refuse`` raises RuntimeError saying what to do.
+
+    Raises ValueError for a policy not in :data:`TORCH_POLICIES`."""
+    from IPython.display import display
+
+    policy = vars(sys.modules["__main__"]).get("torch_policy", "warn")
+    if policy not in TORCH_POLICIES:
+        raise ValueError(f"torch_policy = {policy!r}: use one of {', '.join(TORCH_POLICIES)}")
+    if is_pinned_torch(installed := installed_torch()):
+        return
+    versions = f"torch {installed} is installed; this lab is written for torch {PINNED_TORCH}"
+    if policy == "refuse":
+        raise RuntimeError(f"{versions}. Install torch=={PINNED_TORCH} (README: Why torch is "
+                           "pinned), or grade with --allow-torch-mismatch.")
+    if policy == "allow":
+        display({"text/plain": f"note: {versions}; graded anyway (--allow-torch-mismatch)."},
+                raw=True)
+        return
+    lab = load_lab(lab_id)
+    marked = [f"`{e.id}`" for e in lab.exercises if e.pinned_behaviour]
+    which = (f"The checks of {', '.join(marked)} depend on behaviour of torch {PINNED_TORCH}: "
+             "under this torch they may fail a right answer or pass a wrong one."
+             if marked else "Every exercise's checks use the installed torch as their oracle.")
+    display(rich.warning(f"{lab.title}: torch {installed}",
+                         f"{versions}. The notebook goes on, but what it shows may differ from "
+                         f"what the lab describes. {which} For the lab as written, install "
+                         f"`torch=={PINNED_TORCH}` (README: Why torch is pinned)."), raw=True)
 
 
 def progress(lab_id: str) -> None:

@@ -90,6 +90,25 @@ def test_the_self_check_numbers_checks_as_the_grader_does_and_names_the_hidden_o
     assert wrong.message.startswith("check 1/2 "), wrong.message  # 2: public and hidden
 
 
+def test_withheld_hidden_checks_keep_the_count_where_only_public_ones_run(monkeypatch):
+    """In a learner's copy (``grader dist student``) the hidden checks are cut out and
+    ``withheld`` declares them: checks are numbered as the full grader numbers them, and even
+    the grader's own run (hidden=True) says what it did not run."""
+    from grader import checks
+
+    monkeypatch.setitem(checks._WITHHELD, "toy.add", 0)
+    checks.withheld("toy.add", 2)  # beside the toy lab's own hidden check
+    for hidden in (False, True):
+        wrong = run_checks("toy.add", lambda a, b: a - b, hidden=hidden)
+        assert wrong.message.startswith("check 1/4 "), wrong.message
+    right = run_checks("toy.add", lambda a, b: a + b, seed=1, hidden=False)
+    assert right.message == ("1/1 public checks passed (seed 1); the grader also runs 3 hidden "
+                             "check(s) on other inputs")
+    graded = run_checks("toy.add", lambda a, b: a + b, seed=1)
+    assert graded.message == ("2/2 checks passed (seed 1); the grader also runs 2 hidden "
+                              "check(s) on other inputs"), graded.message
+
+
 def test_an_answer_of_the_wrong_type_is_asked_about_not_blamed_for_raising():
     v = run_checks("toy.mul", lambda a, b: {"product": a * b})
     assert v.status == "error"

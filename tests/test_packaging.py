@@ -7,6 +7,7 @@ import tempfile
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.conftest import ROOT
@@ -88,6 +89,54 @@ def test_make_creates_the_environment_with_the_chosen_python(tmp_path):
                               *extra], capture_output=True, text=True, env=clean)
         assert run.returncode == 0, run.stderr
         assert f"|| {python} -m venv {tmp_path / 'new'}" in run.stdout, run.stdout
+
+
+def _commands(out: str) -> list[str]:
+    """The shell commands of ``make -n`` output, continuation lines joined (make's own
+    ``make: Entering directory`` lines left out)."""
+    return [" ".join(line.split()) for line in re.sub(r"\\\n", " ", out).splitlines()
+            if not line.startswith("make")]
+
+
+def test_make_gpu_check_keeps_the_machine_s_torch_and_checks_cuda_first(tmp_path):
+    clean = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL")}
+    # an environment make has not installed (no stamp): nothing may install torch into it
+    run = subprocess.run(["make", "-n", "-C", str(ROOT), f"VENV={tmp_path}", "gpu-check"],
+                         capture_output=True, text=True, env=clean)
+    assert run.returncode == 0, run.stderr
+    commands = _commands(run.stdout)
+    assert commands[0].startswith(f"{tmp_path}/bin/python -c")
+    assert "torch.cuda.is_available() or sys.exit(" in commands[0]  # before anything else
+    assert not any("-m venv" in c or "install --quiet torch" in c for c in commands)
+    assert commands[1].endswith("-m pip install --quiet --no-deps -e .")
+    assert "if not d.startswith('torch==')" in commands[2]  # the other dependencies
+    assert commands[3].endswith("-m pytest tests -m gpu -q")
+    grades = [c.split("-m grader ", 1)[1].split() for c in commands[4:]]
+    assert grades == [
+        ["grade", "solutions", "--device", "cuda", "--allow-torch-mismatch", "--force",
+         "--fail-under", "100", "--out", "build/gpu-check/cuda"],
+        ["grade", "solutions", "--device", "cpu", "--allow-torch-mismatch", "--force",
+         "--fail-under", "100", "--out", "build/gpu-check/cpu"],
+        ["timings", "build/gpu-check/cpu", "build/gpu-check/cuda"]]
+
+
+def test_make_gpu_check_stops_at_once_without_cuda():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: gpu-check would run")
+    clean = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL")}
+    run = subprocess.run(["make", "-C", str(ROOT), f"VENV={sys.prefix}", "gpu-check"],
+                         capture_output=True, text=True, env=clean, timeout=120)
+    assert run.returncode != 0
+    assert "make gpu-check needs a CUDA GPU, and torch" in run.stderr
+    assert "sees none: run it on a GPU machine" in run.stderr
+    assert "pip" not in run.stdout and "pytest" not in run.stdout  # nothing else ran
+
+
+def test_pytest_knows_the_gpu_marker():
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]
+    assert any(m.startswith("gpu:") for m in options["ini_options"]["markers"])
 
 
 # ------------------------------------------------------------------ what git keeps

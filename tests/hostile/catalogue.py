@@ -354,10 +354,11 @@ _LEARNER_IO = {
 }
 
 
-# lab 3: an answer that returns the checks' own expected value, and a snapshot() that says yes
-# to every comparison (the allocator classes of exercises 3 and 4 inherit it)
-_ORACLE_ANSWER = ("from labs.allocator.checks.oom_forensics import expected as _expected\n"
-                  "{name} = _expected")
+# lab 3: an answer that has the lab's own model (the checks' oracle) read the snapshot, and a
+# snapshot() that says yes to every comparison (the allocator classes of exercises 3 and 4
+# inherit it)
+_ORACLE_ANSWER = ("from labs.allocator import model as _model\n"
+                  "{name} = lambda snapshot: _model.stats_from_segments(snapshot['segments'])")
 _LYING_SNAPSHOT = ("class _Yes(list):\n    def __eq__(self, other):\n        return True\n\n\n"
                    "_honest_snapshot = {name}.snapshot\n"
                    "{name}.snapshot = lambda self: _Yes(_honest_snapshot(self))")
@@ -509,7 +510,7 @@ FIXTURES = [
              **{slug: ("error", "`torch.testing._comparison.not_close_error_metas`")
                 for slug in ("per-sample-grads", "forward-ad")}}),
     Fixture("oracle-answer-and-lying-snapshot", "an allocator whose snapshot equals everything, "
-            "and an answer that is the checks' own oracle", L,
+            "and an answer that leans on the checks' own oracle", L,
             chain(after(L, "best-fit-split", _LYING_SNAPSHOT),
                   after(L, "oom-forensics", _ORACLE_ANSWER)),
             {"oom-forensics": ("failed", "calls the lab's own model or checks")}

@@ -18,7 +18,12 @@ from tests.labs import record_allocator as rec
 
 EX = "allocator.vs-real"
 RECORDINGS = sorted((Path(__file__).parent / "data" / "allocator_gpu").glob("*.json"))
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def cuda(test):
+    """Marks a test that needs CUDA: ``gpu`` (``make gpu-check`` runs these), skipped without."""
+    return pytest.mark.gpu(needs_cuda(test))
 
 
 def test_without_cuda_the_exercise_is_skipped_with_its_reason():

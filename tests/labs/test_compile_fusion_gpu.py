@@ -21,8 +21,14 @@ from tests.labs._fusion_answers import (
 )
 
 EX = "compile.fusion-gpu"
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the checks "
-                          "count the Triton kernels Inductor generates for a CUDA tensor")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the "
+                                "checks count the Triton kernels Inductor generates for a CUDA "
+                                "tensor")
+
+
+def cuda(test):
+    """Marks a test that needs CUDA: ``gpu`` (``make gpu-check`` runs these), skipped without."""
+    return pytest.mark.gpu(needs_cuda(test))
 
 
 def _rejected(answer, phrase: str, seed: int = 0):

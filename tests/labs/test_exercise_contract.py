@@ -27,7 +27,8 @@ def _runnable(exercise_id: str) -> None:
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("exercise", BEYOND_CPU)
+@pytest.mark.parametrize("exercise", [pytest.param(ex, marks=pytest.mark.gpu)
+                                      for ex in BEYOND_CPU])
 def test_reference_passes_public_and_hidden_checks(reference, exercise, seed):
     _runnable(exercise)
     answer = reference(exercise)  # (its notebook's setup seeds the RNG)

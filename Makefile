@@ -67,13 +67,16 @@ release: $(STAMP)
 # --allow-torch-mismatch: the results mark the exercises whose checks depend on torch 2.13.0),
 # then prints a table per lab of seconds and scores, CPU versus CUDA (build/gpu-check/). It uses
 # $(VENV) as given: it never installs torch there, only the project (pip --no-deps) and its other
-# dependencies. Without CUDA it stops at once, saying so.
+# dependencies. Without CUDA it stops at once, saying so. Both gradings and the table run
+# whatever the scores; the exit status is the first grading's that failed.
 GPU_CHECK_OUT := build/gpu-check
 # the project's dependencies but torch (pyproject.toml)
 DEPS_BUT_TORCH = $(PY) -c "import tomllib; print(*(d for d in tomllib.load(open('pyproject.toml', \
 	'rb'))['project']['dependencies'] if not d.startswith('torch==')))"
 
 gpu-check:
+	@test -x $(PY) || { echo "make gpu-check: no Python at $(PY); pass VENV= an environment \
+	whose torch is a CUDA build"; exit 2; }
 	@$(PY) -c "import sys, torch; torch.cuda.is_available() or sys.exit('make gpu-check needs \
 	a CUDA GPU, and torch ' + torch.__version__ + ' in $(VENV) sees none: run it on a GPU \
 	machine, with VENV= an environment whose torch is a CUDA build')"
@@ -81,10 +84,11 @@ gpu-check:
 	$(PY) -m pip install --quiet $$($(DEPS_BUT_TORCH))
 	$(PY) -m pytest tests -m gpu -q
 	$(PY) -m grader grade solutions --device cuda --allow-torch-mismatch --force \
-		--fail-under 100 --out $(GPU_CHECK_OUT)/cuda
+		--fail-under 100 --out $(GPU_CHECK_OUT)/cuda; cuda=$$?; \
 	$(PY) -m grader grade solutions --device cpu --allow-torch-mismatch --force \
-		--fail-under 100 --out $(GPU_CHECK_OUT)/cpu
-	$(PY) -m grader timings $(GPU_CHECK_OUT)/cpu $(GPU_CHECK_OUT)/cuda
+		--fail-under 100 --out $(GPU_CHECK_OUT)/cpu; cpu=$$?; \
+	$(PY) -m grader timings $(GPU_CHECK_OUT)/cpu $(GPU_CHECK_OUT)/cuda && \
+	exit $$(( cuda ? cuda : cpu ))
 
 clean:
 	rm -rf build .pytest_cache

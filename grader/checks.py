@@ -120,18 +120,6 @@ def check(exercise_id: str, *, hidden: bool = False):
     return register
 
 
-#: exercise id -> how many of its hidden checks this copy of the course does not have
-_WITHHELD: dict[str, int] = {}
-
-
-def withheld(exercise_id: str, count: int) -> None:
-    """Declare ``count`` hidden checks of ``exercise_id`` that this copy of the course does not
-    have (a learner's copy, ``grader dist student``, calls it where they were removed): checks
-    are still numbered as the instructor's grader numbers them ("check 2/6"), and a pass says
-    how many hidden checks that grader still runs."""
-    _WITHHELD[exercise_id] = _WITHHELD.get(exercise_id, 0) + count
-
-
 def checks_for(exercise_id: str, *, hidden: bool = True) -> list[Check]:
     """The checks of ``exercise_id``: public ones first, then (if ``hidden``) the hidden ones.
 
@@ -385,11 +373,25 @@ def run_checks(exercise_id: str, answer: Any, *, seed: int = 0, device: str = "c
     return v
 
 
+def _withheld(exercise_id: str) -> int:
+    """How many hidden checks of ``exercise_id`` this copy of the course does not have (the lab
+    table's ``withheld``: a learner's copy), which are still counted: checks are numbered as
+    the instructor's grader numbers them ("check 2/6"), and a pass says how many it still
+    runs."""
+    from grader.errors import GraderError
+    from grader.labs import load_lab
+
+    try:
+        return load_lab(exercise_id.split(".", 1)[0]).exercise(exercise_id).withheld
+    except GraderError:  # checks of an exercise the lab table does not list
+        return 0
+
+
 def _run(exercise_id: str, every: list[Check], answer: Any, seed: int, device: str,
          hidden: bool) -> Verdict:
     ctx = CheckContext(seed=seed, device=device)
     checks = every if hidden else [c for c in every if not c.hidden]
-    total = len(every) + _WITHHELD.get(exercise_id, 0)
+    total = len(every) + _withheld(exercise_id)
     for done, chk in enumerate(checks):
         label = (f"{'hidden ' if chk.hidden else ''}check {done + 1}/{total} "
                  f"'{chk.name}' (seed {seed})")

@@ -1,5 +1,6 @@
-"""Command line: ``grader release [--check]``, ``grader grade PATH... --out DIR`` and
-``grader timings CPU_DIR CUDA_DIR``."""
+"""Command line: ``grader release [--check]``, ``grader lab``, ``grader grade PATH... --out
+DIR``, ``grader timings CPU_DIR CUDA_DIR``, ``grader dist student|gradescope OUT`` and ``grader
+autograde ROOT`` (what a Gradescope autograder runs)."""
 from __future__ import annotations
 
 import argparse
@@ -90,11 +91,11 @@ def cmd_dist(args, console: Console) -> int:
     from grader import dist
 
     if args.kind == "student":
-        files = dist.student(args.root, args.out)
+        files = dist.student(args.root, args.out, args.labs)
         console.print(f"wrote a learner's copy of the course in {safe(str(args.out))} "
                       f"({len(files)} files): no solution, no hidden check")
     else:
-        dist.gradescope(args.root, args.out)
+        dist.gradescope(args.root, args.out, args.labs)
         console.print(f"wrote the Gradescope autograder {safe(str(args.out))}: upload it as "
                       "the assignment's autograder (Configure Autograder, Zip file upload)")
     return 0
@@ -103,7 +104,7 @@ def cmd_dist(args, console: Console) -> int:
 def cmd_autograde(args, console: Console) -> int:
     from grader.dist import autograde
 
-    results = autograde(args.root)
+    results = autograde(args.root, args.labs)
     console.print(f"{results['score']:g}/{results['max_score']:g} -> "
                   f"{safe(str(args.root / 'results' / 'results.json'))}")
     return 0
@@ -114,7 +115,7 @@ def cmd_grade(args, console: Console) -> int:
                                TimeElapsedColumn, TimeRemainingColumn)
 
     from grader.batch import assigned_lab, find_submissions, grade_all
-    from grader.exports import load_graded, write_reports
+    from grader.exports import write_reports
     from grader.grade import check_torch, new_seed, resolve_device
     from grader.results import PINNED_TORCH, installed_torch, is_pinned_torch
 
@@ -326,6 +327,10 @@ def build_parser() -> argparse.ArgumentParser:
                       "gradescope: an autograder .zip (setup.sh, run_autograder, every check)")
     dist.add_argument("out", type=Path, metavar="OUT",
                       help="a new (or empty) folder for student, a .zip file for gradescope")
+    dist.add_argument("--labs", type=_labs, default=None, metavar="LAB[,LAB...]",
+                      help="only these labs (default: every lab): the learner's copy has their "
+                      "notebooks and Classroom tests; the autograder grades their notebooks and "
+                      "scores a missing one 0")
     dist.add_argument("--root", type=Path, default=Path("."), help="course root (default: .)")
     dist.set_defaults(func=cmd_dist)
 
@@ -333,6 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "ROOT/results/results.json (what the autograder's run_autograder runs)")
     auto.add_argument("root", type=Path, nargs="?", default=Path("/autograder"), metavar="ROOT",
                       help="Gradescope's folder (default: /autograder)")
+    auto.add_argument("--labs", type=_labs, default=None, metavar="LAB[,LAB...]",
+                      help="the assignment's labs: notebooks of others are not graded, and a "
+                      "lab without a notebook scores 0 (default: any lab)")
     auto.set_defaults(func=cmd_autograde)
     return parser
 

@@ -41,7 +41,8 @@ DEV_ONLY = ("pytest", "pytest-xdist", "ruff", "playwright", "check-jsonschema", 
 _SKIP = shutil.ignore_patterns("__pycache__", "*.pyc")
 
 _TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("grader", "templates/dist"),
-                                undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+                                undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                                trim_blocks=True, lstrip_blocks=True)
 
 
 def _requirements(root: Path) -> tuple[str, list[str]]:
@@ -72,24 +73,33 @@ def _release_is_current(root: Path) -> None:
     release(root, check=True)  # raises ReleaseOutOfDate naming each stale notebook
 
 
-def _course(root: Path, out: Path, *, withhold: bool) -> None:
+def _course(root: Path, out: Path, *, withhold: bool, notebooks: list[str] | None = None):
     """Copy ``grader/``, ``labs/`` (hidden checks removed when ``withhold``) and the released
-    ``notebooks/`` of the course at ``root`` into ``out``."""
+    ``notebooks/`` (those named by stem in ``notebooks``; default all) of the course at
+    ``root`` into ``out``."""
     shutil.copytree(root / "grader", out / "grader", ignore=_SKIP)
     shutil.copytree(root / "labs", out / "labs", ignore=_SKIP)
-    shutil.copytree(root / "notebooks", out / "notebooks")
+    (out / "notebooks").mkdir()
+    for path in sorted((root / "notebooks").glob("*.ipynb")):
+        if notebooks is None or path.stem in notebooks:
+            shutil.copy2(path, out / "notebooks" / path.name)
     if withhold:
         public = [c.source for p in sorted((root / "notebooks").glob("*.ipynb"))
                   for c in notebook.read(p).cells if c.cell_type == "code"]
-        for path, text in withhold_hidden(root / "labs", public).items():
+        texts, withheld = withhold_hidden(root / "labs", public)
+        for path, text in texts.items():
             (out / "labs" / path).write_text(text, encoding="utf-8")
+        for table in (out / "labs").glob("*/lab.toml"):
+            table.write_text(_with_withheld(table.read_text(encoding="utf-8"), withheld),
+                             encoding="utf-8")
 
 
 # --------------------------------------------------------------------------- hidden checks
 
 def _labs(root: Path) -> list:
     """The labs of the course at ``root`` (``labs/*/lab.toml``), by id."""
-    return [load_lab(p.parent.name) for p in sorted((root / "labs").glob("*/lab.toml"))]
+    return sorted((load_lab(p.parent.name) for p in (root / "labs").glob("*/lab.toml")),
+                  key=lambda lab: lab.notebook)
 
 
 def _hidden_checks(labs: list) -> dict[str, list[tuple[str, int]]]:
@@ -158,12 +168,12 @@ def _tidy(lines: list[str | None]) -> str:
     return re.sub(r"\n{4,}", "\n\n\n", text).rstrip("\n") + "\n"
 
 
-def withhold_hidden(labs_dir: Path, public_sources: list[str]) -> dict[str, str]:
-    """The new text of each check module under ``labs_dir`` (``labs/``) that registers hidden
-    checks, keyed by its path relative to ``labs_dir``: every hidden check's definition is
-    removed, then every top-level function, class or constant of a check module that nothing
-    shipped reads any more (helpers and data only hidden checks used), and a call of
-    :func:`grader.checks.withheld` per exercise keeps the check count.
+def withhold_hidden(labs_dir: Path, public_sources: list[str]) -> tuple[dict[str, str],
+                                                                        Counter]:
+    """(the new text of each check module under ``labs_dir`` (``labs/``) that changes, keyed by
+    its path relative to ``labs_dir``; how many hidden checks each exercise lost). Every hidden
+    check's definition is removed, then every top-level function, class or constant of a check
+    module that nothing shipped reads any more (helpers and data only hidden checks used).
 
     ``public_sources`` is other code that ships (the released notebooks' cells): a name it
     reads is kept. Raises GraderError when a hidden check is not a top-level definition of its
@@ -172,12 +182,13 @@ def withhold_hidden(labs_dir: Path, public_sources: list[str]) -> dict[str, str]
     modules = {p: ".".join(("labs", *p.relative_to(labs_dir).with_suffix("").parts))
                .removesuffix(".__init__") for p in sorted(labs_dir.rglob("*.py"))}
     lines = {p: p.read_text(encoding="utf-8").splitlines() for p in modules}
-    counts: dict[Path, Counter] = {}
+    changed: set[Path] = set()
+    withheld: Counter = Counter()
     for path, module in modules.items():
         if module not in hidden:
             continue
         defs = _defs(ast.parse("\n".join(lines[path])))
-        counts[path] = Counter()
+        changed.add(path)
         for exercise, line in hidden[module]:
             node = next((n for _, n, first in defs if first <= line <= n.end_lineno), None)
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or \
@@ -186,7 +197,7 @@ def withhold_hidden(labs_dir: Path, public_sources: list[str]) -> dict[str, str]
                                   "not a top-level function of its own: it cannot be withheld")
             first = next(f for _, n, f in defs if n is node)
             _cut(lines[path], first, node.end_lineno)
-            counts[path][exercise] += 1
+            withheld[exercise] += 1
         lines[path] = _tidy(lines[path]).splitlines()
     checks_dirs = [p for p in modules if "checks" in p.relative_to(labs_dir).parts]
     while True:  # drop what only the removed checks read, until nothing more goes
@@ -200,41 +211,44 @@ def withhold_hidden(labs_dir: Path, public_sources: list[str]) -> dict[str, str]
                 own = _names_used(ast.get_source_segment(texts[path], node) or "")
                 if used[name] - own[name] <= 0:
                     _cut(lines[path], first, node.end_lineno)
-                    counts.setdefault(path, Counter())
+                    changed.add(path)
                     dropped = True
             lines[path] = _tidy(lines[path]).splitlines()
         if not dropped:
             break
-    out = {}
-    for path, per_exercise in counts.items():
-        text = _tidy(lines[path])
-        if per_exercise:
-            text += ("\n\n# Its hidden checks are withheld from this copy of the course: the "
-                     "instructor's grader runs them.\nfrom grader.checks import withheld  # "
-                     "noqa: E402\n\n" + "".join(f'withheld("{ex}", {n})\n'
-                                                for ex, n in per_exercise.items()))
-        out[str(path.relative_to(labs_dir))] = text
-    return out
+    return {str(p.relative_to(labs_dir)): _tidy(lines[p]) for p in changed}, withheld
+
+
+def _with_withheld(table: str, withheld: Counter) -> str:
+    """A lab table's text with ``withheld = N`` under each exercise's id that lost N hidden
+    checks (see :attr:`grader.labs.Exercise.withheld`)."""
+    def add(m: re.Match) -> str:
+        n = withheld.get(m.group(2), 0)
+        return m.group(0) + (f"\nwithheld = {n}  # hidden checks the instructor's grader runs"
+                             if n else "")
+
+    return re.sub(r'^(id\s*=\s*"([^"]+)")', add, table, flags=re.M)
 
 
 # --------------------------------------------------------------------------- the two bundles
 
-def student(root: Path, out: Path) -> list[Path]:
-    """Write a learner's copy of the course at ``root`` into the new folder ``out``; return the
-    files written. Raises GraderError when ``out`` is not empty or the release is stale."""
+def student(root: Path, out: Path, labs: list[str] | None = None) -> list[Path]:
+    """Write a learner's copy of the course at ``root`` into the new folder ``out``, with the
+    notebooks of ``labs`` (lab ids; default every lab) only; return the files written. Raises
+    GraderError when ``out`` is not empty or the release is stale."""
     _empty_target(out)
     _release_is_current(root)
     out.mkdir(parents=True, exist_ok=True)
-    _course(root, out, withhold=True)
+    chosen = [lab for lab in _labs(root) if labs is None or lab.id in labs]
+    _course(root, out, withhold=True, notebooks=[lab.notebook for lab in chosen])
     torch, requirements = _requirements(root)
-    labs = _labs(root)
     # a GitHub-hosted runner has a C++ compiler, and no GPU
-    on_runner = [e for lab in labs for e in lab.exercises
+    on_runner = [e for lab in chosen for e in lab.exercises
                  if not any(need.startswith("cuda") for need in e.requires)]
-    values = dict(torch=torch, requirements=requirements, labs=labs,
+    values = dict(torch=torch, requirements=requirements, labs=chosen,
                   exercises=[dict(id=e.id, title=e.title, points=e.points,
                                   step=re.sub(r"[^a-z0-9]+", "-", e.id)) for e in on_runner],
-                  left_out=[e.id for lab in labs for e in lab.exercises if e not in on_runner])
+                  left_out=[e.id for lab in chosen for e in lab.exercises if e not in on_runner])
     for template, target in [("README.md", "README.md"), ("Makefile", "Makefile"),
                              ("pyproject.toml", "pyproject.toml"),
                              ("environment.yml", "environment.yml"),
@@ -244,10 +258,11 @@ def student(root: Path, out: Path) -> list[Path]:
     return sorted(p for p in out.rglob("*") if p.is_file())
 
 
-def gradescope(root: Path, out_zip: Path) -> Path:
+def gradescope(root: Path, out_zip: Path, labs: list[str] | None = None) -> Path:
     """Write a Gradescope autograder for the course at ``root`` to ``out_zip``: ``setup.sh``
-    and ``run_autograder`` at its root, beside the course (every check, no solution). Raises
-    GraderError when ``out_zip`` does not end in ``.zip`` or the release is stale."""
+    and ``run_autograder`` at its root, beside the course (every check, no solution), grading
+    the notebooks of ``labs`` (lab ids; default: of any lab). Raises GraderError when
+    ``out_zip`` does not end in ``.zip`` or the release is stale."""
     if out_zip.suffix != ".zip":
         raise GraderError(f"{out_zip}: a Gradescope autograder is a .zip file")
     _release_is_current(root)
@@ -257,7 +272,7 @@ def gradescope(root: Path, out_zip: Path) -> Path:
         _course(root, src, withhold=False)
         _render("pyproject.toml", src / "pyproject.toml", torch=torch, requirements=requirements)
         for name in ("setup.sh", "run_autograder"):
-            _render(name, src / name, torch=torch).chmod(0o755)
+            _render(name, src / name, torch=torch, labs=labs).chmod(0o755)
         out_zip.parent.mkdir(parents=True, exist_ok=True)
         partial = out_zip.with_name(out_zip.name + ".partial")
         with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as zf:
@@ -271,26 +286,39 @@ def gradescope(root: Path, out_zip: Path) -> Path:
 
 # --------------------------------------------------------------------------- on Gradescope
 
-def autograde(root: Path) -> dict:
+def autograde(root: Path, labs: list[str] | None = None) -> dict:
     """Grade a Gradescope submission: every notebook under ``root/submission`` (each in its
     own kernel, on the CPU, with a fresh seed); write ``root/results/results.json`` (the
     format of :func:`grader.exports.gradescope_results`, several notebooks merged into one) and
-    return it. Always writes a results.json, even for a submission without a notebook."""
-    from grader.batch import find_submissions, grade_all
+    return it. With ``labs`` (the assignment's lab ids), notebooks of other labs are left out
+    and a lab without a notebook scores 0 of its points. Exercises that need what Gradescope's
+    machines lack (a GPU) are left out of the tests and the maximum, with a note. Always writes
+    a results.json, even for a submission without a notebook."""
+    from grader.batch import assigned_lab, find_submissions, grade_all
     from grader.grade import new_seed, resolve_device
     from grader.results import Environment
 
     started, seed, device = time.monotonic(), new_seed(), resolve_device("auto")
-    submitted = root / "submission"
+    env = Environment.current(device, seed)
     with tempfile.TemporaryDirectory(prefix="autograde-") as tmp:
         try:
-            subs = find_submissions([str(submitted)])
+            subs = find_submissions([str(root / "submission")])
         except GraderError:
             subs = []
         graded = [r for _, r, _ in grade_all(subs, Path(tmp), device=device, seed=seed,
-                                              timeout=None, jobs=1)]
+                                              timeout=None, jobs=1,
+                                              assigned=assigned_lab(subs, labs))]
+    notes = []
+    if labs is not None:
+        notes = [f"{Path(r.notebook).name} was not graded: "
+                 + (r.error if r.lab == "unknown" and r.error else
+                    f"it is lab {r.lab}, and this assignment grades {', '.join(labs)}")
+                 for r in graded if r.lab not in labs]
+        graded = [r for r in graded if r.lab in labs]
+        graded += [_not_submitted(load_lab(lab), env) for lab in labs
+                   if lab not in {r.lab for r in graded}]
     if graded:
-        results = merge_gradescope(graded)
+        results = merge_gradescope([_runnable(r) for r in graded], notes)
     else:
         why = ("no notebook (.ipynb) was found in your submission: upload the lab's notebook "
                "(e.g. 02_autograd.ipynb)")
@@ -298,21 +326,45 @@ def autograde(root: Path) -> dict:
                    "execution_time": math.ceil(time.monotonic() - started), "output": why,
                    "visibility": "visible", "stdout_visibility": "hidden", "tests": [],
                    "extra_data": {"lab": "unknown", "notebook": "", "runnable_max_score": 0,
-                                  "error": why, "environment": asdict(Environment.current(
-                                      device, seed))}}
+                                  "error": why, "environment": asdict(env)}}
     atomic_write(root / "results" / "results.json", json.dumps(results, indent=2) + "\n")
     return results
 
 
-def merge_gradescope(results: list) -> dict:
+def _not_submitted(lab, env):
+    """The result of a lab the assignment grades and the submission has no notebook of."""
+    from grader.results import ExerciseResult, LabResult
+
+    why = f"not submitted: your submission has no notebook of lab {lab.id} ({lab.notebook}.ipynb)"
+    return LabResult(lab=lab.id, notebook=f"{lab.notebook}.ipynb", environment=env, error=why,
+                     exercises=tuple(ExerciseResult(e.id, e.title, "skipped", 0.0, e.points,
+                                                    unmet) if (unmet := e.unmet(env.device))
+                                     else ExerciseResult(e.id, e.title, "error", 0.0, e.points,
+                                                         why) for e in lab.exercises))
+
+
+def _runnable(result):
+    """``result`` without the exercises that could not run on this machine (``skipped``), and
+    a note naming them."""
+    from dataclasses import replace
+
+    skipped = [e for e in result.exercises if e.status == "skipped"]
+    if not skipped:
+        return result
+    return replace(result, exercises=tuple(e for e in result.exercises if e.status != "skipped"),
+                   notes=(*result.notes, "left out, as this machine cannot run them: "
+                          + "; ".join(f"{e.id} ({e.message})" for e in skipped)))
+
+
+def merge_gradescope(results: list, notes: list[str] = ()) -> dict:
     """One Gradescope ``results.json`` for the :class:`~grader.results.LabResult` s of one
     submission: that of the result itself for one; for several, every exercise as a test and
     the scores, times and outputs added up (where one lab was submitted twice, only the
-    higher score of it counts, and the output says so)."""
+    higher score of it counts, and the output says so). ``notes`` end the output."""
     from grader.exports import gradescope_results
 
     best: dict[str, object] = {}
-    notes = []
+    notes = list(notes)
     for r in sorted(results, key=lambda r: -r.score):
         if r.lab in best:
             notes.append(f"{Path(r.notebook).name} is lab {r.lab} too: it scored "

@@ -262,6 +262,10 @@ def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *
                                             "which was graded" if ex in passed else "")
               for ex in built.missing if ex not in built.markdown]
     notes += built.notes + _origin_notes(submission, lab, path)
+    if withheld := sum(e.withheld for e in lab.exercises):  # a learner's copy (grader dist)
+        notes.append(f"public checks only: this copy of the course has none of the lab's "
+                     f"{withheld} hidden checks, which your instructor's grader also runs, on "
+                     "other inputs; this score is not your grade")
     return LabResult(lab=lab.id, notebook=str(path), exercises=tuple(results), environment=env,
                      duration_s=round(time.monotonic() - started, 3), notes=tuple(notes),
                      error=error)

@@ -29,7 +29,10 @@ class Exercise:
     behaviour of the pinned torch release (they compare with values, orders, counts or rules
     typed in from it, or its reference answer relies on internals another release may lack),
     not only on the installed torch as the oracle: a run under another release (``grader grade
-    --allow-torch-mismatch``) marks its result (``version_caveat``).
+    --allow-torch-mismatch``) marks its result (``version_caveat``); ``withheld``: how many
+    of its hidden checks this copy of the course does not have (a learner's copy: ``grader dist
+    student`` writes it; 0 in the course itself), so checks are still numbered as the
+    instructor's grader numbers them.
     """
 
     id: str
@@ -39,6 +42,7 @@ class Exercise:
     requires: tuple[str, ...] = ("cpu",)
     timeout: float = 120.0
     pinned_behaviour: bool = False
+    withheld: int = 0
 
     def unmet(self, device: str) -> str | None:
         """Why this exercise cannot run on ``device`` (``cpu``/``cuda``) here; None if it can."""
@@ -131,6 +135,7 @@ def load_lab(lab_id: str) -> Lab:
                 requires=tuple(e.get("requires", ["cpu"])),
                 timeout=float(e.get("timeout", 120)),
                 pinned_behaviour=_flag(e.get("pinned_behaviour", False)),
+                withheld=int(e.get("withheld", 0)),
             )
             for e in raw["exercises"]
         )

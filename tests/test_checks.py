@@ -90,14 +90,20 @@ def test_the_self_check_numbers_checks_as_the_grader_does_and_names_the_hidden_o
     assert wrong.message.startswith("check 1/2 "), wrong.message  # 2: public and hidden
 
 
-def test_withheld_hidden_checks_keep_the_count_where_only_public_ones_run(monkeypatch):
-    """In a learner's copy (``grader dist student``) the hidden checks are cut out and
-    ``withheld`` declares them: checks are numbered as the full grader numbers them, and even
-    the grader's own run (hidden=True) says what it did not run."""
-    from grader import checks
+def test_withheld_hidden_checks_keep_the_count_where_only_public_ones_run(monkeypatch,
+                                                                          tmp_path):
+    """In a learner's copy (``grader dist student``) the hidden checks are cut out and the lab
+    table's ``withheld`` counts them: checks are numbered as the full grader numbers them, and
+    even the grader's own run (hidden=True) says what it did not run."""
+    from grader import labs
 
-    monkeypatch.setitem(checks._WITHHELD, "toy.add", 0)
-    checks.withheld("toy.add", 2)  # beside the toy lab's own hidden check
+    tables = labs._tables()
+    table = tmp_path / "labs" / "toy" / "lab.toml"
+    table.parent.mkdir(parents=True)
+    table.write_text(tables["toy"].read_text().replace('id = "toy.add"',
+                                                       'id = "toy.add"\nwithheld = 2'))
+    monkeypatch.setattr(labs, "_tables", lambda: tables | {"toy": table})
+    assert labs.load_lab("toy").exercise("toy.add").withheld == 2  # (beside its own hidden one)
     for hidden in (False, True):
         wrong = run_checks("toy.add", lambda a, b: a - b, hidden=hidden)
         assert wrong.message.startswith("check 1/4 "), wrong.message

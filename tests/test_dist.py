@@ -22,8 +22,10 @@ from grader.labs import load_lab
 from grader.release import BEGIN, END
 from tests.conftest import ROOT
 
-#: the course's labs (without tests/fixtures' toy lab, which the grader's tests add)
-COURSE_LABS = sorted(p.parent.name for p in (ROOT / "labs").glob("*/lab.toml"))
+#: the course's labs in the course's order (without tests/fixtures' toy lab, which the
+#: grader's tests add)
+COURSE_LABS = sorted((p.parent.name for p in (ROOT / "labs").glob("*/lab.toml")),
+                     key=lambda lab: load_lab(lab).notebook)
 #: the lab whose notebooks are graded here (its reference grades in about 15 s)
 LAB = "allocator"
 #: a leak is this many consecutive lines of a reference answer or a hidden check (blank lines
@@ -141,9 +143,9 @@ def test_the_copy_registers_every_public_check_and_counts_the_hidden_ones(copy):
             for lab in COURSE_LABS for e in load_lab(lab).exercises}
     script = ("import json, grader.checks as g\n"
               "from grader.labs import lab_ids, load_lab\n"
-              "ids = [e.id for lab in lab_ids() for e in load_lab(lab).exercises]\n"
-              "print(json.dumps({i: ([c.name for c in g.checks_for(i)], g._WITHHELD.get(i, 0),"
-              " len(g.checks_for(i)) - len(g.checks_for(i, hidden=False))) for i in ids}))")
+              "ex = [e for lab in lab_ids() for e in load_lab(lab).exercises]\n"
+              "print(json.dumps({e.id: ([c.name for c in g.checks_for(e.id)], e.withheld, len("
+              "g.checks_for(e.id)) - len(g.checks_for(e.id, hidden=False))) for e in ex}))")
     run = subprocess.run([sys.executable, "-c", script], cwd=copy, env=_env(),
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -203,6 +205,9 @@ def test_the_copys_self_check_grades_public_checks_only(copy, tmp_path):
     assert ex[first.id]["status"] == "passed", ex[first.id]
     assert f"the grader also runs {hidden} hidden check(s)" in ex[first.id]["message"]
     assert results["pasted"]["score"] == first.points
+    hidden_total = sum(c.hidden for e in lab.exercises for c in checks_for(e.id))
+    assert (f"public checks only: this copy of the course has none of the lab's {hidden_total} "
+            "hidden checks") in " ".join(results["pasted"]["notes"])
     assert ex[lab.exercises[1].id]["status"] == "error"  # still the stub
 
 
@@ -296,15 +301,16 @@ def test_the_autograder_grades_a_reference_a_stub_and_a_broken_submission(autogr
     name = f"{lab.notebook}.ipynb"
     ref = _run_autograder(autograder, tmp_path / "ref",
                           {name: (ROOT / "solutions" / name).read_bytes()})
-    runnable = sum(e.points for e in lab.exercises if e.unmet("cpu") is None)
-    assert (ref["score"], ref["max_score"]) == (runnable, lab.max_score)
-    assert len(ref["tests"]) == len(lab.exercises)
-    assert all(t["extra_data"]["status"] in ("passed", "skipped") for t in ref["tests"])
-    assert any(t["extra_data"]["status"] == "passed" for t in ref["tests"])
+    runnable = [e for e in lab.exercises if e.unmet("cpu") is None]
+    assert ref["score"] == ref["max_score"] == sum(e.points for e in runnable)
+    assert [t["extra_data"]["id"] for t in ref["tests"]] == [e.id for e in runnable]
+    assert all(t["extra_data"]["status"] == "passed" for t in ref["tests"])
+    left_out = [e.id for e in lab.exercises if e not in runnable]  # (needs a GPU)
+    assert left_out and all(ex in ref["output"] for ex in left_out)
 
     stub = _run_autograder(autograder, tmp_path / "stub",
                            {name: (ROOT / "notebooks" / name).read_bytes()})
-    assert stub["score"] == 0 and stub["max_score"] == lab.max_score
+    assert stub["score"] == 0 and stub["max_score"] == ref["max_score"]
     assert any("is still the stub" in t["output"] for t in stub["tests"])
 
     broken = _run_autograder(autograder, tmp_path / "broken", {name: b"{ not a notebook"})
@@ -321,6 +327,24 @@ def test_a_submission_without_a_notebook_gets_results_saying_so(tmp_path):
     jsonschema.validate(results, json.loads((ROOT / "grader" / "gradescope.schema.json")
                                             .read_text()))
     assert results["score"] == 0 and "no notebook" in results["output"]
+
+
+def test_an_assignment_grades_its_labs_only_and_scores_a_missing_one_zero(tmp_path):
+    """``--labs``: a notebook of another lab is not graded (the output says why), and the
+    assignment's lab without a notebook scores 0 of what can run here."""
+    (tmp_path / "submission").mkdir()
+    (tmp_path / "submission" / "06_export.ipynb").write_text("{ not a notebook")
+    results = dist.autograde(tmp_path, ["allocator"])
+    jsonschema.validate(results, json.loads((ROOT / "grader" / "gradescope.schema.json")
+                                            .read_text()))
+    lab = load_lab("allocator")
+    runnable = [e for e in lab.exercises if e.unmet("cpu") is None]
+    assert results["score"] == 0 and results["max_score"] == sum(e.points for e in runnable)
+    assert [t["extra_data"]["id"] for t in results["tests"]] == [e.id for e in runnable]
+    assert all("not submitted" in t["output"] for t in results["tests"])
+    assert "06_export.ipynb was not graded: it is lab export" in results["output"]
+    with zipfile.ZipFile(dist.gradescope(ROOT, tmp_path / "a.zip", ["allocator"])) as zf:
+        assert "--labs allocator" in zf.read("run_autograder").decode()
 
 
 def test_several_notebooks_make_one_results_json_and_a_lab_twice_counts_once():

@@ -105,13 +105,17 @@ def test_make_gpu_check_keeps_the_machine_s_torch_and_checks_cuda_first(tmp_path
                          capture_output=True, text=True, env=clean)
     assert run.returncode == 0, run.stderr
     commands = _commands(run.stdout)
-    assert commands[0].startswith(f"{tmp_path}/bin/python -c")
-    assert "torch.cuda.is_available() or sys.exit(" in commands[0]  # before anything else
+    assert commands[0].startswith(f"test -x {tmp_path}/bin/python ||")
+    assert commands[1].startswith(f"{tmp_path}/bin/python -c")
+    assert "torch.cuda.is_available() or sys.exit(" in commands[1]  # before anything else
     assert not any("-m venv" in c or "install --quiet torch" in c for c in commands)
-    assert commands[1].endswith("-m pip install --quiet --no-deps -e .")
-    assert "if not d.startswith('torch==')" in commands[2]  # the other dependencies
-    assert commands[3].endswith("-m pytest tests -m gpu -q")
-    grades = [c.split("-m grader ", 1)[1].split() for c in commands[4:]]
+    assert commands[2].endswith("-m pip install --quiet --no-deps -e .")
+    assert "if not d.startswith('torch==')" in commands[3]  # the other dependencies
+    assert commands[4].endswith("-m pytest tests -m gpu -q")
+    # both gradings and the table run whatever the scores; the status is the first failure's
+    assert len(commands) == 6 and commands[5].endswith("&& exit $(( cuda ? cuda : cpu ))")
+    grades = [part.split("-m grader ", 1)[1].split()
+              for part in re.split(r"; | && ", commands[5]) if "-m grader " in part]
     assert grades == [
         ["grade", "solutions", "--device", "cuda", "--allow-torch-mismatch", "--force",
          "--fail-under", "100", "--out", "build/gpu-check/cuda"],
@@ -208,3 +212,11 @@ def test_readme_conda_commands_match_environment_yml():
     assert "conda env create -f environment.yml" in readme
     assert f"conda activate {env['name']}" in readme
     assert "VENV=$CONDA_PREFIX" in readme
+
+
+def test_make_gpu_check_without_an_environment_says_which_to_pass(tmp_path):
+    clean = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL")}
+    run = subprocess.run(["make", "-C", str(ROOT), f"VENV={tmp_path}", "gpu-check"],
+                         capture_output=True, text=True, env=clean, timeout=60)
+    assert run.returncode != 0
+    assert f"make gpu-check: no Python at {tmp_path}/bin/python; pass VENV=" in run.stdout

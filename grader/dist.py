@@ -8,7 +8,7 @@ nbgrader's split between the instructor's source and the learners' release):
   No solution notebook, no hidden check, no test.
 - :func:`gradescope` (``grader dist gradescope OUT.zip``): a Gradescope autograder: the course
   with every check, plus ``setup.sh`` (builds the environment once) and ``run_autograder``
-  (runs :func:`autograde` on each submission).
+  (runs :func:`autograde` on each submission: ``grader autograde``).
 
 Templates are in ``grader/templates/dist/``.
 """
@@ -25,7 +25,7 @@ import time
 import tomllib
 import zipfile
 from collections import Counter, defaultdict
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import jinja2
@@ -346,8 +346,6 @@ def _not_submitted(lab, env):
 def _runnable(result):
     """``result`` without the exercises that could not run on this machine (``skipped``), and
     a note naming them."""
-    from dataclasses import replace
-
     skipped = [e for e in result.exercises if e.status == "skipped"]
     if not skipped:
         return result

@@ -9,7 +9,9 @@ file name is its own learner. The lab comes from the notebook (see :func:`grader
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -94,6 +96,15 @@ def find_submissions(paths: list[str]) -> list[Submission]:
     return subs
 
 
+def shard(subs: list[Submission], k: int, n: int) -> list[Submission]:
+    """Shard ``k`` of ``n`` (1 <= k <= n) of a batch in :func:`find_submissions`' order: every
+    ``n``-th submission from the ``k``-th, so the shards are disjoint, cover the batch, differ in
+    size by one at most and interleave its learners and labs (each shard gets a like share of
+    the slow labs). Names come from the whole batch, so a shard's result files are named as an
+    unsharded run names them."""
+    return subs[k - 1::n]
+
+
 def assigned_lab(subs: list[Submission], labs: list[str] | None = None) -> str | None:
     """The one lab a batch assigns, if there is one: the only lab of ``labs`` (``--labs``); or,
     when ``labs`` is None, the only lab among the submissions that say which lab they are."""
@@ -122,11 +133,46 @@ def previous(out_dir: Path, sub: Submission, print_: str,
     return result
 
 
+def merge_shards(dirs: list[Path], out: Path) -> list[str]:
+    """Copy the results of shard folders (the ``--out`` of ``grader grade --shard K/N``) into
+    ``out``: each ``<name>.json`` that is a result, with its ``<name>.executed.ipynb``; return
+    the names copied, sorted. Results already in ``out`` stay (a name in both is replaced).
+
+    Raises GraderError, before copying anything, for a folder that does not exist, folders
+    that hold no result, or one name with two different results (shards of two batches, or of
+    one batch graded with two seeds)."""
+    found: dict[str, Path] = {}
+    for folder in dirs:
+        if not folder.is_dir():
+            raise GraderError(f"{folder}: no such folder (give the --out folders of the shards)")
+        for path in sorted(folder.glob("*.json")):
+            try:
+                LabResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # not a result
+            name = path.name.removesuffix(".json")
+            if name in found and found[name].read_bytes() != path.read_bytes():
+                raise GraderError(f"{name}: two different results, in {found[name].parent} and "
+                                  f"{folder}: merge the shards of one batch graded with one "
+                                  "--seed (grader grade --shard K/N --seed S)")
+            found[name] = path
+    if not found:
+        raise GraderError(f"no results in {', '.join(map(str, dirs))} (give the --out folders "
+                          "of the shards)")
+    out.mkdir(parents=True, exist_ok=True)
+    for name, path in found.items():
+        for src in (path, path.with_name(f"{name}.executed.ipynb")):
+            if src.is_file() and src.resolve() != (out / src.name).resolve():
+                shutil.copyfile(src, out / src.name)
+    return sorted(found)
+
+
 def _grade_one(sub: Submission, out_dir: Path, device: str, seed: int,
-               timeout: float | None, assigned: str | None, allow: bool) -> LabResult:
+               timeout: float | None, assigned: str | None, allow: bool,
+               threads: int) -> LabResult:
     return grade_notebook(sub.path, out_dir, device=device, seed=seed, timeout=timeout,
                           name=sub.name, learner=sub.learner, assigned=assigned,
-                          allow_torch_mismatch=allow)
+                          allow_torch_mismatch=allow, threads=threads)
 
 
 def grade_all(subs: list[Submission], out_dir: Path, *, device: str, seed: int,
@@ -138,7 +184,8 @@ def grade_all(subs: list[Submission], out_dir: Path, *, device: str, seed: int,
     order; callers sort). A submission whose result in ``out_dir`` has the same fingerprint is
     reused unless ``force`` (with ``same_seed``, only if it was graded with ``seed`` too).
     ``jobs`` > 1 grades in that many worker processes, each notebook in its own kernel and
-    temporary folder; ``assigned`` is the lab the batch assigns (see :func:`assigned_lab`);
+    temporary folder, each kernel with its share of the CPU cores (threads: cores // jobs);
+    ``assigned`` is the lab the batch assigns (see :func:`assigned_lab`);
     ``allow_torch_mismatch``: grade under a torch other than the pinned release (see
     :func:`grader.grade.grade_notebook`);
     ``on_outcome`` (per exercise) is called only when grading runs in this process (one job,
@@ -159,6 +206,7 @@ def grade_all(subs: list[Submission], out_dir: Path, *, device: str, seed: int,
                                       assigned=assigned, on_outcome=on_outcome,
                                       allow_torch_mismatch=allow_torch_mismatch), False
         return
+    jobs = min(jobs, len(todo))
     # A submission can kill the worker grading it (its kernel runs as the same user), which
     # breaks the whole pool: the notebooks it took down are graded again, each in a pool of
     # its own, so only the one that did it is recorded as not graded.
@@ -176,8 +224,9 @@ def _in_pool(subs: list[Submission], out_dir: Path, device: str, seed: int,
     return the submissions lost to a broken pool (recorded as not graded when ``last_try``)."""
     lost = []
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        threads = max(1, (os.cpu_count() or 1) // jobs)
         futures = {pool.submit(_grade_one, sub, out_dir, device, seed, timeout, assigned,
-                               allow): sub for sub in subs}
+                               allow, threads): sub for sub in subs}
         for future in as_completed(futures):
             sub = futures[future]
             try:

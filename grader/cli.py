@@ -1,6 +1,7 @@
 """Command line: ``grader release [--check]``, ``grader lab``, ``grader grade PATH... --out
-DIR``, ``grader timings CPU_DIR CUDA_DIR``, ``grader dist student|gradescope OUT`` and ``grader
-autograde ROOT`` (what a Gradescope autograder runs)."""
+DIR [--shard K/N]``, ``grader merge DIR... --out DIR`` (the shards' reports), ``grader timings
+CPU_DIR CUDA_DIR``, ``grader dist student|gradescope OUT`` and ``grader autograde ROOT`` (what
+a Gradescope autograder runs)."""
 from __future__ import annotations
 
 import argparse
@@ -33,6 +34,10 @@ naming: learners come from the path: <searched folder>/<learner>/..., or
   <learner>_<NN_lab>.ipynb in a flat folder. <name> is the notebook's stem when it starts
   with the learner's name (alice_02_autograd), else <learner>-<stem> (alice-02_autograd for
   alice/02_autograd.ipynb); a later clash gets -2, -3...
+
+shards: --shard K/N --seed S grades every N-th notebook from the K-th (learners, names and the
+  assigned lab still come from the whole batch); grader merge DIR... --out DIR then writes the
+  reports an unsharded run writes (.github/workflows/grade-sharded.yml, slurm/grade-class.sh).
 
 torch: the labs are written for the pinned torch release; under another one grading is
   refused (exit 2) unless --allow-torch-mismatch: then every result and report records both
@@ -114,8 +119,7 @@ def cmd_grade(args, console: Console) -> int:
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                TimeElapsedColumn, TimeRemainingColumn)
 
-    from grader.batch import assigned_lab, find_submissions, grade_all
-    from grader.exports import write_reports
+    from grader.batch import assigned_lab, find_submissions, grade_all, shard
     from grader.grade import check_torch, new_seed, resolve_device
     from grader.results import PINNED_TORCH, installed_torch, is_pinned_torch
 
@@ -124,12 +128,24 @@ def cmd_grade(args, console: Console) -> int:
         console.print(f"[yellow]torch {safe(installed)}, not the pinned {PINNED_TORCH}: grading "
                       "anyway (--allow-torch-mismatch); the exercises whose checks depend on "
                       f"behaviour of torch {PINNED_TORCH} are marked †[/yellow]")
+    if args.shard and args.seed is None:
+        raise GraderError("--shard needs --seed: every shard of a batch must grade with the same "
+                          "seed (e.g. the CI run's id), so that the merged reports are those of "
+                          "one run")
     device = resolve_device(args.device)
     seed = new_seed() if args.seed is None else args.seed
     subs = find_submissions(args.paths)
     args.out = args.out or default_out(args.paths)
-    assigned = assigned_lab(subs, args.labs)
-    console.print(f"grading {len(subs)} notebook(s) on {device}, seed {seed}, "
+    assigned = assigned_lab(subs, args.labs)  # (of the whole batch, as are the result names)
+    share = ""
+    if args.shard:
+        k, n = args.shard
+        share = f" (shard {k}/{n} of {len(subs)})"
+        if not (subs := shard(subs, k, n)):
+            console.print(f"shard {k}/{n} of these {len(find_submissions(args.paths))} "
+                          "notebook(s) is empty: nothing to grade")
+            return 0
+    console.print(f"grading {len(subs)} notebook(s){share} on {device}, seed {seed}, "
                   f"{args.jobs} job(s) -> {safe(str(args.out))}")
 
     def progress(o):
@@ -164,20 +180,8 @@ def cmd_grade(args, console: Console) -> int:
         print_result(results[0][1], console)
     else:
         console.print(summary_table(results, expand=console.is_terminal))
-    graded = _results_to_report(args, console)
-    assigned_max = None
-    if args.labs:
-        from grader.labs import load_lab
-
-        assigned_max = {lab: load_lab(lab).max_score for lab in args.labs}
-    try:
-        write_reports(graded, args.out, assigned_max)
-    except ValueError as exc:  # e.g. two results for one learner and lab
-        console.print(f"[red]reports not written:[/red] {safe(str(exc))}")
+    if not _write_reports(_results_to_report(args, console), args.out, args.labs, console):
         return 1
-    console.print(f"[dim]results: {safe(args.out)}/<name>.json; reports for {len(graded)} "
-                  "result(s) there: gradebook.csv, junit.xml, summary.html, feedback/, "
-                  "gradescope/[/dim]")
     below = [sub for sub, r, _ in results if args.fail_under is not None
              and 100 * r.score < args.fail_under * r.runnable_max_score]
     for sub in below:
@@ -185,6 +189,40 @@ def cmd_grade(args, console: Console) -> int:
     if any(r.error for _, r, _ in results):
         return 1
     return 3 if below else 0
+
+
+def _write_reports(graded: list, out: Path, labs: list[str] | None, console: Console) -> bool:
+    """Write the reports for ``graded`` in ``out`` (each learner's maximum over ``labs``, when
+    given: ``--labs``) and say so; False, saying why, when they cannot be written."""
+    from grader.exports import write_reports
+    from grader.labs import load_lab
+
+    assigned_max = {lab: load_lab(lab).max_score for lab in labs} if labs else None
+    try:
+        write_reports(graded, out, assigned_max)
+    except ValueError as exc:  # e.g. two results for one learner and lab
+        console.print(f"[red]reports not written:[/red] {safe(str(exc))}")
+        return False
+    console.print(f"[dim]results: {safe(out)}/<name>.json; reports for {len(graded)} "
+                  "result(s) there: gradebook.csv, junit.xml, summary.html, feedback/, "
+                  "gradescope/[/dim]")
+    return True
+
+
+def cmd_merge(args, console: Console) -> int:
+    from grader.batch import Submission, merge_shards
+    from grader.exports import load_graded
+
+    names = merge_shards(args.dirs, args.out)
+    console.print(f"merged {len(names)} result(s) from {len(args.dirs)} folder(s) -> "
+                  f"{safe(str(args.out))}")
+    graded = sorted((load_graded(args.out / f"{name}.json") for name in names),
+                    key=lambda g: (g.learner, g.result.lab))
+    console.print(summary_table([(Submission(Path(g.result.notebook), g.learner, g.name),
+                                  g.result, False) for g in graded], expand=console.is_terminal))
+    if not _write_reports(_results_to_report(args, console), args.out, args.labs, console):
+        return 1
+    return 1 if any(g.result.error for g in graded) else 0
 
 
 def cmd_timings(args, console: Console) -> int:
@@ -239,6 +277,14 @@ def _results_to_report(args, console: Console) -> list:
             continue
         graded.append(g)
     return sorted(graded, key=lambda g: (g.learner, g.result.lab))
+
+
+def _shard(text: str) -> tuple[int, int]:
+    """``--shard 2/3`` -> (2, 3); a usage error unless 1 <= K <= N."""
+    k, _, n = text.partition("/")
+    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise argparse.ArgumentTypeError(f"{text} is not K/N with 1 <= K <= N (e.g. 2/3)")
+    return int(k), int(n)
 
 
 def _number(kind, low, high=None, what=""):
@@ -305,11 +351,31 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument("--fail-under", type=_number(float, 0, 100, "a percentage (0 to 100)"),
                        default=None, metavar="PCT",
                        help="exit 3 when a score is below PCT%% of what could run here")
+    grade.add_argument("--shard", type=_shard, default=None, metavar="K/N",
+                       help="grade only shard K of N of the notebooks found (every N-th from "
+                       "the K-th; needs --seed), e.g. one job of a CI matrix or a Slurm job "
+                       "array; grader merge then writes the class's reports")
     grade.add_argument("--allow-torch-mismatch", action="store_true",
                        help="grade under a torch other than the pinned release (by default "
                        "refused): the results record both versions and mark the exercises "
                        "whose checks depend on behaviour of the pinned release")
     grade.set_defaults(func=cmd_grade)
+
+    merge = sub.add_parser("merge", help="merge the --out folders of the shards of a batch "
+                           "(grader grade --shard K/N) into one, and write its reports",
+                           description="Copy every result (with its executed notebook) of the "
+                           "folders DIR into --out, then write the reports of every result "
+                           "there, as an unsharded run of the batch writes them.")
+    merge.add_argument("dirs", nargs="+", type=Path, metavar="DIR",
+                       help="the --out folders of the shards")
+    merge.add_argument("--out", type=Path, required=True,
+                       help="folder for the merged results and reports")
+    merge.add_argument("--labs", type=_labs, default=None, metavar="LAB[,LAB...]",
+                       help="the labs the class was assigned, as given to grader grade")
+    merge.add_argument("--keep-missing", action="store_true",
+                       help="count results whose notebook no longer exists (as grader grade "
+                       "--keep-missing)")
+    merge.set_defaults(func=cmd_merge)
 
     timings = sub.add_parser("timings", help="a table per lab of the seconds and scores of two "
                              "result folders, graded on CPU and on CUDA")

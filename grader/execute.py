@@ -289,7 +289,8 @@ class GraderEngine(Engine):
         done, lost = 0, set()  # parts run so far; those among them that timed out or crashed
         while done < len(todo):
             (workdir / guard.KEY_FILE).write_bytes(key)
-            with client.setup_kernel(env=kernel_env(home), cwd=str(workdir)), _reaping(client):
+            env = kernel_env(home, limits.threads)
+            with client.setup_kernel(env=env, cwd=str(workdir)), _reaping(client):
                 if done:
                     run.replay(todo[:done], lost)
                 while done < len(todo):

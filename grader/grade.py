@@ -23,7 +23,7 @@ from grader.execute import Outcome  # noqa: F401  (importing registers the "grad
 from grader.labs import Exercise, Lab, lab_from_name, lab_of, load_lab
 from grader.results import (PINNED_TORCH, Environment, ExerciseResult, LabResult,
                             installed_torch, is_pinned_torch)
-from grader.sandbox import Limits
+from grader.sandbox import Limits, keep_warm_cache, warm_cache
 
 
 def new_seed() -> int:
@@ -123,7 +123,7 @@ def _lab_from_name(path: Path, default: str | None = None) -> Lab | None:
 def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int | None = None,
                    timeout: float | None = None, name: str | None = None,
                    learner: str | None = None, assigned: str | None = None,
-                   allow_torch_mismatch: bool = False,
+                   allow_torch_mismatch: bool = False, threads: int | None = None,
                    on_outcome: Callable[[Outcome], None] | None = None) -> LabResult:
     """Grade the notebook at ``path``; write ``out_dir/<name>.json`` and the executed notebook
     ``out_dir/<name>.executed.ipynb`` (``name`` defaults to the file's stem); return the result.
@@ -136,7 +136,9 @@ def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int 
     ``error`` says why: :func:`check_torch`) unless ``allow_torch_mismatch``; then the
     notebook's setup cell is told to allow it (the ``torch_policy`` parameter, which is
     ``refuse`` otherwise) and the exercises whose checks depend on the pinned release
-    (``pinned_behaviour``) carry ``version_caveat``.
+    (``pinned_behaviour``) carry ``version_caveat``. ``threads``: the CPU threads the kernel's
+    libraries may use (default: one per core; a batch of N jobs gives each its share, so the
+    kernels that run at once do not fight over the cores: :func:`grader.sandbox.kernel_env`).
     Never raises for a bad submission: the result's ``error`` says why grading could not
     happen."""
     started = time.monotonic()
@@ -158,7 +160,8 @@ def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int 
         check_torch(allow_torch_mismatch)
         result = _grade(path, submission, lab, env, out_dir / f"{name}.executed.ipynb",
                         timeout=timeout, on_outcome=on_outcome, started=started, notes=notes,
-                        torch_policy="allow" if allow_torch_mismatch else "refuse")
+                        torch_policy="allow" if allow_torch_mismatch else "refuse",
+                        threads=threads or os.cpu_count() or 1)
     except GraderError as exc:  # unreadable, unknown lab: the file name may still say which lab
         # the learner sees this reason: name their file, not the folders it sits in here
         reason = str(exc).replace(str(path), path.name)
@@ -203,7 +206,8 @@ def _origin_notes(submission, lab: Lab, path: Path) -> list[str]:
 
 def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *,
            timeout: float | None, on_outcome: Callable[[Outcome], None] | None,
-           started: float, notes: list[str], torch_policy: str) -> LabResult:
+           started: float, notes: list[str], torch_policy: str,
+           threads: int | None) -> LabResult:
     """Assemble, execute and score a readable submission of ``lab``; ``torch_policy`` is the
     notebook's parameter of that name (see :func:`grader.selfcheck.require_torch`)."""
     device, seed = env.device, env.seed
@@ -221,12 +225,18 @@ def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *
     timeouts = {e.id: timeout or e.timeout for e in lab.exercises}
     # CPU seconds: every core busy for the whole lab's time, plus start-up (a backstop only)
     limits = Limits(memory=int(lab.memory_gib * 2**30),
-                    cpu=int((sum(timeouts.values()) + 300) * (os.cpu_count() or 1)))
+                    cpu=int((sum(timeouts.values()) + 300) * (os.cpu_count() or 1)),
+                    threads=threads)
     # the kernel works in run/work (empty: only what the learner writes lands there); its
     # home, temporary files and sockets are in run/home
+    # Inductor's cache starts warm: a copy of what the course's reference solutions compiled;
+    # only a run of the reference solution itself (these very bytes) writes that back
+    warm = lab.root / "build" / "cache" / f"inductor-{installed_torch()}"
+    reference = lab.root / "solutions" / f"{lab.notebook}.ipynb"
     with tempfile.TemporaryDirectory(prefix="grade-") as run:
         work, home = Path(run) / "work", Path(run) / "home"
         work.mkdir()
+        warm_cache(home, warm)
         try:
             papermill.execute_notebook(
                 built.nb, str(executed),
@@ -238,6 +248,8 @@ def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *
             pass  # some cell raised: each exercise's outcome already says what that cost
         except Exception as exc:  # the kernel could not start, the output could not be written...
             error = f"execution failed: {type(exc).__name__}: {exc}"
+        if reference.is_file() and reference.read_bytes() == path.read_bytes():
+            keep_warm_cache(home, warm)
 
     results = []
     for e in lab.exercises:

@@ -22,7 +22,10 @@ descendant, so the grader can find and stop it.
 grader's own environment (tokens, CI secrets) reaches the submission. Compiler caches are one per
 submission: Inductor's (``TORCHINDUCTOR_CACHE_DIR``, which holds its FX graph cache, its C++
 kernels and Triton's cache) is inside the run's own temporary folder, so nothing one submission
-plants there is read while grading another, and it is deleted with the run. (Linux model:
+plants there is read while grading another, and it is deleted with the run. It starts as a copy
+of a *warm* cache that only the course's own reference solutions write (:func:`warm_cache`,
+:func:`keep_warm_cache`): a learner's kernel compiles what the reference compiled no more (lab
+4 graded in 37 s instead of 50 s here), and what it plants dies with its copy. (Linux model:
 ``man 2 setrlimit``; jupyter_client's ``KernelManager.format_kernel_cmd`` builds the command.)
 """
 from __future__ import annotations
@@ -32,7 +35,9 @@ import ctypes
 import json
 import os
 import resource
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,11 +71,13 @@ def json_packer(obj) -> bytes:
 @dataclass(frozen=True)
 class Limits:
     """What one kernel may use: ``memory`` bytes of writable memory, ``cpu`` CPU seconds,
-    ``file_size`` bytes per file written."""
+    ``file_size`` bytes per file written, ``threads`` CPU threads for its libraries (None: as
+    many as they choose; see :func:`kernel_env`)."""
 
     memory: int
     cpu: int
     file_size: int = 1 << 30
+    threads: int | None = None
 
     def argv(self, kernel_argv: list[str]) -> list[str]:
         """The command that starts ``kernel_argv`` under these limits."""
@@ -78,11 +85,51 @@ class Limits:
                 "--cpu", str(self.cpu), "--file-size", str(self.file_size), "--", *kernel_argv]
 
 
-def kernel_env(home: Path) -> dict[str, str]:
+def inductor_cache(home: Path) -> Path:
+    """The kernel's Inductor cache (``TORCHINDUCTOR_CACHE_DIR``) under its ``home``."""
+    return home / "tmp" / "torchinductor"
+
+
+def warm_cache(home: Path, warm: Path) -> None:
+    """Start the kernel's Inductor cache under ``home`` as a copy of the warm cache ``warm``
+    (nothing when there is none, or it cannot be read whole: grading then compiles cold)."""
+    if warm.is_dir():
+        try:
+            shutil.copytree(warm, inductor_cache(home), symlinks=True, dirs_exist_ok=True)
+        except (OSError, shutil.Error):
+            shutil.rmtree(inductor_cache(home), ignore_errors=True)
+
+
+def keep_warm_cache(home: Path, warm: Path) -> None:
+    """Make the Inductor cache a kernel under ``home`` filled (it started from ``warm``) the new
+    warm cache ``warm``: call it only after running the course's own reference solution. The
+    swap is atomic (a copy that loses a race with another writer is dropped)."""
+    cache = inductor_cache(home)
+    if not cache.is_dir():
+        return
+    warm.parent.mkdir(parents=True, exist_ok=True)
+    new = Path(tempfile.mkdtemp(prefix=f".{warm.name}-", dir=warm.parent))
+    old = warm.with_name(f"{new.name}-old")
+    try:
+        shutil.copytree(cache, new, symlinks=True, dirs_exist_ok=True)
+        if warm.exists():
+            warm.rename(old)
+        new.rename(warm)
+    except OSError:
+        pass
+    finally:
+        shutil.rmtree(new, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def kernel_env(home: Path, threads: int | None = None) -> dict[str, str]:
     """The kernel's environment: the allow-listed variables, plus ``home`` as its home, with
     its temporary folder, IPython/Jupyter/matplotlib configuration and Inductor's cache inside
     (so no one's startup files or caches are used, and nothing is written elsewhere by
-    default)."""
+    default). ``threads``: the CPU threads its libraries may use, the cores over the kernels
+    that run at once (``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS``, unless the grader's own
+    environment sets them; ``TORCHINDUCTOR_COMPILE_THREADS``, Inductor's compile workers: with 1
+    it compiles in the kernel, without starting a pool of worker processes)."""
     root = str(Path(__file__).resolve().parent.parent)
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
@@ -90,8 +137,12 @@ def kernel_env(home: Path) -> dict[str, str]:
     tmp.mkdir(parents=True, exist_ok=True)
     env.update(HOME=str(home), TMPDIR=str(tmp), IPYTHONDIR=str(home / ".ipython"),
                JUPYTER_CONFIG_DIR=str(home / ".jupyter"), MPLCONFIGDIR=str(tmp),
-               TORCHINDUCTOR_CACHE_DIR=str(tmp / "torchinductor"),
+               TORCHINDUCTOR_CACHE_DIR=str(inductor_cache(home)),
                PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1")
+    if threads:
+        env.setdefault("OMP_NUM_THREADS", str(threads))
+        env.setdefault("MKL_NUM_THREADS", str(threads))
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = str(threads)
     return env
 
 

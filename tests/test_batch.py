@@ -5,6 +5,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ from grader import notebook
 from grader.batch import find_submissions, grade_all, learner_of
 from grader.labs import load_lab
 from grader.cli import build_parser, default_out, main
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, ROOT
 
 RELEASE = notebook.read(FIXTURES / "notebooks" / "90_toy.ipynb")
 
@@ -140,7 +142,7 @@ def _without_times(data):
     return re.sub(r"started \S+", "", data) if isinstance(data, str) else data
 
 
-def test_two_jobs_grade_and_report_exactly_as_one(tmp_path):
+def test_two_jobs_grade_and_report_exactly_as_one(tmp_path, capsys):
     subs = _class(tmp_path)
     assert [s.learner for s in find_submissions([str(subs)])] == ["ann", "ben", "cid", "dee"]
     for jobs in ("1", "2"):
@@ -162,6 +164,76 @@ def test_two_jobs_grade_and_report_exactly_as_one(tmp_path):
         assert _without_times(a) == _without_times(b)
         assert (one / "feedback" / f"{name}.html").is_file()
     assert "<img" in (one / "summary.html").read_text()
+    _three_shards_merged_report_as(one, subs, tmp_path, capsys)
+
+
+def _report_files(folder: Path) -> dict[str, str]:
+    """Every file ``grader grade`` writes in ``folder``, by relative path, as text with its
+    wall-clock figures (seconds, start stamps) blanked."""
+    out = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and not path.name.endswith(".executed.ipynb"):
+            text = path.read_text(encoding="utf-8") if path.suffix != ".png" else path.name
+            text = re.sub(r"\d{4}-\d\d-\d\dT[\d:.]+(\+00:00|Z)?", "<stamp>", text)
+            text = re.sub(r"\b\d+(\.\d+)? s\b", "<s> s", text)
+            out[str(path.relative_to(folder))] = re.sub(
+                r'(duration_s"?: |execution_time"?: |time=")[\d.]+', r"\1<s>", text)
+    return out
+
+
+#: a stand-in for Slurm's sbatch: runs the job at once (each task of an --array in turn, as
+#: SLURM_ARRAY_TASK_ID), writing its --output; prints a job id (--parsable)
+FAKE_SBATCH = """#!{python}
+import os, subprocess, sys
+opts, argv = {{}}, sys.argv[1:]
+while argv and argv[0].startswith("--"):
+    key, _, value = argv.pop(0)[2:].partition("=")
+    opts[key] = value
+first, last = map(int, opts.get("array", "0-0").split("-"))
+for task in range(first, last + 1):
+    env = dict(os.environ, SLURM_ARRAY_TASK_ID=str(task), SLURM_CPUS_PER_TASK="1")
+    command = ["bash", "-c", opts["wrap"]] if "wrap" in opts else ["bash", *argv]
+    with open(opts["output"].replace("%a", str(task)), "w") as log:
+        subprocess.run(command, env=env, stdout=log, stderr=log)
+print("4242")
+"""
+
+
+def _three_shards_merged_report_as(unsharded: Path, subs: Path, tmp_path: Path, capsys):
+    """The class ``subs`` graded in three shards by slurm/grade-class.sh (seed 4), merged: the
+    reports are those of the unsharded run in ``unsharded``, up to wall-clock figures."""
+    capsys.readouterr()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(FAKE_SBATCH.format(python=sys.executable))
+    (bin_dir / "sbatch").chmod(0o755)
+    out = tmp_path / "merged"
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", SEED="4",
+               PYTHON=sys.executable)
+    run = subprocess.run(["bash", str(ROOT / "slurm" / "grade-class.sh"), str(subs), "3",
+                          str(out)], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert f"seed 4: job array 4242 grades {subs} in 3 shards" in run.stdout
+    shards = [out / "shards" / str(k) for k in (1, 2, 3)]
+    assert [len(list(f.glob("*.json"))) for f in shards] == [2, 1, 1]  # ann+dee, ben, cid
+    assert "merged 4 result(s) from 3 folder(s)" in (out / "slurm" / "merge.log").read_text()
+    one, merged = _report_files(unsharded), _report_files(out)
+    assert "junit.xml" in one
+    assert sorted(one) == sorted(p for p in merged if p.split("/")[0] not in ("shards", "slurm"))
+    for name in one:
+        assert one[name] == merged[name], name
+    grade = ["grade", str(subs), "--device", "cpu", "--seed", "4", "--jobs", "1"]
+    # a shard needs the batch's seed; an empty shard grades nothing; results differ: refused
+    assert main(["grade", str(subs), "--shard", "1/3", "--out", str(tmp_path / "x")]) == 2
+    assert "--shard needs --seed" in capsys.readouterr().err
+    assert main([*grade, "--shard", "5/5", "--out", str(tmp_path / "x")]) == 0
+    assert "is empty: nothing to grade" in capsys.readouterr().out
+    other = tmp_path / "other"
+    shutil.copytree(shards[0], other)
+    (other / "ann-90_toy.json").write_text(
+        (other / "ann-90_toy.json").read_text().replace('"seed": 4', '"seed": 5'))
+    assert main(["merge", str(shards[0]), str(other), "--out", str(tmp_path / "m2")]) == 2
+    assert "two different results" in capsys.readouterr().err
 
 
 def test_regrading_one_learner_keeps_the_class_reports(tmp_path):

@@ -37,7 +37,7 @@ def test_ci_runs_the_readme_test_command():
 
 def test_workflow_examples_are_valid_github_workflows():
     files = sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.yml"))
-    assert len(files) == 2
+    assert len(files) == 3
     run = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema",
                           "vendor.github-workflows", *files], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -195,6 +195,33 @@ def test_workflows_grade_into_the_workspace_folder_they_upload_and_publish():
         junit = [s["with"]["files"] for s in steps if "publish-unit-test" in s.get("uses", "")]
         assert [p.rstrip("/") for p in uploads] == [out], name
         assert junit == [f"{out}/junit.xml"], name
+
+
+def test_sharded_workflow_grades_one_shard_per_runner_and_merges_them(tmp_path):
+    workflow = _workflow("grade-sharded.yml")
+    plan = workflow["jobs"]["plan"]["steps"][0]["run"]
+    output = tmp_path / "output"
+    run = subprocess.run(["bash", "-c", plan], env={**os.environ, "SHARDS": "3",
+                                                    "GITHUB_OUTPUT": str(output)},
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert output.read_text() == "shards=[1, 2, 3]\n"
+    shard = workflow["jobs"]["shard"]
+    assert shard["strategy"]["matrix"]["k"] == "${{ fromJSON(needs.plan.outputs.shards) }}"
+    grade = next(s for s in shard["steps"] if "make grade" in s.get("run", ""))
+    assert grade["env"]["SHARD"] == "${{ matrix.k }}/${{ inputs.shards }}"
+    assert "--shard $SHARD" in grade["run"] and "--seed $SEED" in grade["run"]
+    assert "OUT=build/shard " in grade["run"]
+    upload = next(s for s in shard["steps"] if "upload-artifact" in s.get("uses", ""))
+    assert upload["with"] == {"name": "shard-${{ matrix.k }}", "path": "build/shard"}
+    merge = workflow["jobs"]["merge"]
+    assert merge["needs"] == "shard" and merge["if"].startswith("always()")
+    download = next(s for s in merge["steps"] if "download-artifact" in s.get("uses", ""))
+    assert download["with"] == {"pattern": "shard-*", "path": "build/shards"}
+    assert any("-m grader merge build/shards/* --out build/grades" in s.get("run", "")
+               for s in merge["steps"])
+    junit = [s["with"]["files"] for s in merge["steps"] if "publish-unit" in s.get("uses", "")]
+    assert junit == ["build/grades/junit.xml"]
 
 
 # ------------------------------------------------------------------ README

@@ -21,7 +21,7 @@ GRADE_ARGS ?=
 # is pinned)
 TORCH_PIP_ARGS ?=
 
-.PHONY: grade test lab release venv clean gpu-check
+.PHONY: grade test lab release venv clean gpu-check bench
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,13 @@ lab: $(STAMP)
 
 release: $(STAMP)
 	$(PY) -m grader release
+
+# How long grading takes here, against plain papermill, and how a batch scales with --jobs
+# (README, "Performance"): tables on the console, everything in build/bench/bench.json. About
+# 50 minutes on 2 cores; e.g. BENCH_ARGS="--repeat 1 --labs autograd --batch 4" for a taste.
+BENCH_ARGS ?=
+bench: $(STAMP)
+	$(PY) tools/bench.py $(BENCH_ARGS)
 
 # On a machine with a CUDA GPU, with the torch it has (any version), e.g.
 #   make gpu-check VENV=/path/to/env-with-cuda-torch

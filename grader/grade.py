@@ -33,11 +33,12 @@ def new_seed() -> int:
 
 def resolve_device(device: str) -> str:
     """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``. GraderError for an unknown
-    device, or ``cuda`` on a machine where torch sees no GPU."""
+    device, or ``cuda`` on a machine where torch sees no GPU. A CPU build of torch (version
+    ``+cpu``) means ``cpu`` without importing torch (2 s of the grader's start)."""
     if device not in ("auto", "cpu", "cuda"):
         raise GraderError(f"unknown device {device!r}: use auto, cpu or cuda")
-    if device == "cpu":
-        return device
+    if device == "cpu" or (device == "auto" and installed_torch().endswith("+cpu")):
+        return "cpu"
     import torch
 
     if torch.cuda.is_available():
@@ -204,6 +205,12 @@ def _origin_notes(submission, lab: Lab, path: Path) -> list[str]:
     return notes
 
 
+def warm_cache_dir(lab: Lab) -> Path:
+    """The warm Inductor cache of the course ``lab`` belongs to, for the installed torch:
+    ``build/cache/inductor-<torch version>`` (see :func:`grader.sandbox.warm_cache`)."""
+    return lab.root / "build" / "cache" / f"inductor-{installed_torch()}"
+
+
 def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *,
            timeout: float | None, on_outcome: Callable[[Outcome], None] | None,
            started: float, notes: list[str], torch_policy: str,
@@ -231,7 +238,7 @@ def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *
     # home, temporary files and sockets are in run/home
     # Inductor's cache starts warm: a copy of what the course's reference solutions compiled;
     # only a run of the reference solution itself (these very bytes) writes that back
-    warm = lab.root / "build" / "cache" / f"inductor-{installed_torch()}"
+    warm = warm_cache_dir(lab)
     reference = lab.root / "solutions" / f"{lab.notebook}.ipynb"
     with tempfile.TemporaryDirectory(prefix="grade-") as run:
         work, home = Path(run) / "work", Path(run) / "home"

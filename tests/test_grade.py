@@ -47,6 +47,31 @@ def test_reference_scores_full_marks_over_what_can_run(tmp_path):
     assert result.environment.seed == 11 and result.error is None
 
 
+def test_a_kernel_starts_from_the_warm_cache_and_only_the_reference_writes_it(tmp_path,
+                                                                             monkeypatch):
+    from grader import grade as grade_module
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    warm = tmp_path / "warm"
+    warm.mkdir()
+    (warm / "seeded").write_text("compiled by the reference")
+    monkeypatch.setattr(grade_module, "warm_cache_dir", lambda lab: warm)
+    seen = tmp_path / "seen.txt"
+    plant = (f"import os\ncache = os.environ['TORCHINDUCTOR_CACHE_DIR']\n"
+             f"open({str(seen)!r}, 'w').write(' '.join([os.environ['OMP_NUM_THREADS'], "
+             "str(os.path.exists(os.path.join(cache, 'seeded')))]))\n"
+             "open(os.path.join(cache, 'planted'), 'w').write('x')\n" + ADD)
+    ex, _ = grade(submit(tmp_path, add=plant, mul=MUL), threads=1)
+    assert ex["toy.add"].status == "passed" and seen.read_text() == "1 True"
+    assert sorted(p.name for p in warm.iterdir()) == ["seeded"]  # a learner's run: not kept
+    before = warm.stat().st_ino
+    path = tmp_path / "90_toy.ipynb"
+    shutil.copy(FIXTURES / "solutions" / "90_toy.ipynb", path)
+    grade(path)
+    assert warm.stat().st_ino != before  # the reference's run: its cache is the new warm one
+    assert sorted(p.name for p in warm.iterdir()) == ["seeded"]
+
+
 def test_the_executed_notebook_is_saved_now_and_then_and_in_full_at_the_end(tmp_path,
                                                                            monkeypatch):
     import papermill.engines

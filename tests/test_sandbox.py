@@ -6,7 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from grader.sandbox import Limits, kernel_env
+from grader.sandbox import (Limits, inductor_cache, keep_warm_cache, kernel_env,
+                            warm_cache)
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ("import json, resource; print(json.dumps({r: resource.getrlimit(getattr(resource, r)) "
@@ -45,6 +46,31 @@ def test_the_environment_is_an_allow_list_with_its_own_home(tmp_path, monkeypatc
     # one compiler cache per submission, inside its own run folder
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "tmp" / "torchinductor")
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)  # grader and labs importable
+
+
+def test_threads_are_the_kernels_share_unless_the_environment_sets_them(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("MKL_NUM_THREADS", "3")
+    env = kernel_env(tmp_path, threads=1)
+    assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"]) == ("1", "3")
+    assert env["TORCHINDUCTOR_COMPILE_THREADS"] == "1"  # compiles in the kernel, no pool
+    assert "TORCHINDUCTOR_COMPILE_THREADS" not in kernel_env(tmp_path)
+
+
+def test_the_warm_cache_is_copied_in_and_written_back_only_when_kept(tmp_path):
+    warm, home = tmp_path / "warm", tmp_path / "home"
+    (warm / "fx").mkdir(parents=True)
+    (warm / "fx" / "graph").write_text("compiled")
+    warm_cache(home, warm)
+    assert (inductor_cache(home) / "fx" / "graph").read_text() == "compiled"
+    (inductor_cache(home) / "planted").write_text("x")  # the kernel's copy is its own
+    assert not (warm / "planted").exists()
+    keep_warm_cache(home, warm)  # (after a run of the reference solution)
+    assert sorted(p.name for p in warm.rglob("*")) == ["fx", "graph", "planted"]
+    assert sorted(p.name for p in warm.parent.iterdir()) == ["home", "warm"]  # no temporary
+    other = tmp_path / "other"
+    warm_cache(other, tmp_path / "none")  # no warm cache yet: the kernel compiles cold
+    assert not inductor_cache(other).exists()
 
 
 def test_kernel_messages_with_text_utf8_cannot_hold_are_packed_not_lost():

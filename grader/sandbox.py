@@ -138,7 +138,11 @@ def kernel_env(home: Path, threads: int | None = None) -> dict[str, str]:
     env.update(HOME=str(home), TMPDIR=str(tmp), IPYTHONDIR=str(home / ".ipython"),
                JUPYTER_CONFIG_DIR=str(home / ".jupyter"), MPLCONFIGDIR=str(tmp),
                TORCHINDUCTOR_CACHE_DIR=str(inductor_cache(home)),
-               PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1")
+               PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1",
+               # Inductor keeps its precompiled header (a 147 MB .gch) under TMPDIR, not in its
+               # cache: built again in every run's own TMPDIR it costs more than it saves, and
+               # its path, part of every C++ kernel's cache key, would make the warm cache miss
+               TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS="0")
     if threads:
         env.setdefault("OMP_NUM_THREADS", str(threads))
         env.setdefault("MKL_NUM_THREADS", str(threads))

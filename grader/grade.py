@@ -206,9 +206,10 @@ def _origin_notes(submission, lab: Lab, path: Path) -> list[str]:
 
 
 def warm_cache_dir(lab: Lab) -> Path:
-    """The warm Inductor cache of the course ``lab`` belongs to, for the installed torch:
-    ``build/cache/inductor-<torch version>`` (see :func:`grader.sandbox.warm_cache`)."""
-    return lab.root / "build" / "cache" / f"inductor-{installed_torch()}"
+    """``lab``'s warm Inductor cache, for the installed torch:
+    ``build/cache/inductor-<torch version>/<lab>`` in its course (one per lab: a kernel copies
+    only what its own lab's reference compiled; see :func:`grader.sandbox.warm_cache`)."""
+    return lab.root / "build" / "cache" / f"inductor-{installed_torch()}" / lab.id
 
 
 def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *,

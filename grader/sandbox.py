@@ -34,6 +34,8 @@ import argparse
 import ctypes
 import json
 import os
+import pwd
+import re
 import resource
 import shutil
 import sys
@@ -85,8 +87,17 @@ class Limits:
 
 
 def inductor_cache(home: Path) -> Path:
-    """The kernel's Inductor cache (``TORCHINDUCTOR_CACHE_DIR``) under its ``home``."""
-    return home / "tmp" / "torchinductor"
+    """The kernel's Inductor cache (``TORCHINDUCTOR_CACHE_DIR``) under its ``home``: the folder
+    Inductor would choose by default in the kernel's TMPDIR (``torchinductor_<user>``), where it
+    keeps its precompiled headers whatever TORCHINDUCTOR_CACHE_DIR says (AOTInductor's is a
+    147 MB .gch), so the warm cache holds them too
+    (torch/_inductor/runtime/cache_dir_utils.py: default_cache_dir; codecache.py: _HEADER_DIR).
+    The kernel has no USER or LOGNAME, so its user is the password database's."""
+    try:
+        user = pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        user = f"uid_{os.getuid()}"
+    return home / "tmp" / ("torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
 
 
 def warm_cache(home: Path, warm: Path) -> None:

@@ -4,12 +4,14 @@ import json
 import os
 import subprocess
 import sys
+import pwd
 from pathlib import Path
 
 from grader.sandbox import (Limits, inductor_cache, keep_warm_cache, kernel_env,
                             warm_cache)
 
 ROOT = Path(__file__).resolve().parent.parent
+USER = pwd.getpwuid(os.getuid()).pw_name
 PROBE = ("import json, resource; print(json.dumps({r: resource.getrlimit(getattr(resource, r)) "
          "for r in ('RLIMIT_DATA', 'RLIMIT_CPU', 'RLIMIT_FSIZE', 'RLIMIT_CORE')}))")
 
@@ -44,7 +46,7 @@ def test_the_environment_is_an_allow_list_with_its_own_home(tmp_path, monkeypatc
     assert env["HOME"] == str(tmp_path) and env["TMPDIR"] == str(tmp_path / "tmp")
     assert (tmp_path / "tmp").is_dir()
     # one compiler cache per submission, inside its own run folder
-    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "tmp" / "torchinductor")
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "tmp" / f"torchinductor_{USER}")
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)  # grader and labs importable
 
 

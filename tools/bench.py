@@ -113,7 +113,6 @@ class Bench:
 
     def __init__(self, repeat: int, scratch: Path, console: Console):
         self.repeat, self.scratch, self.console = repeat, scratch, console
-        self.warm = warm_cache_dir(load_lab(lab_ids()[0]))
         self.started = time.monotonic()
         self.memory = {"grader": 0.0, "kernel": 0.0}
 
@@ -131,11 +130,12 @@ class Bench:
         return self.run([sys.executable, "-m", "grader", "grade", *map(str, paths), "--out",
                          str(out), "--force", "--jobs", str(jobs), "--seed", "1"])
 
-    def papermill(self, nb: Path) -> dict:
+    def papermill(self, lab) -> dict:
+        nb = lab.root / "solutions" / f"{lab.notebook}.ipynb"
         run = Path(tempfile.mkdtemp(dir=self.scratch, prefix="papermill-"))
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(run / "torchinductor"))
-        if self.warm.is_dir():  # the same warm cache the grader's kernel starts from
-            shutil.copytree(self.warm, run / "torchinductor", symlinks=True)
+        if (warm := warm_cache_dir(lab)).is_dir():  # the warm cache the grader's kernel copies
+            shutil.copytree(warm, run / "torchinductor", symlinks=True)
         (run / "work").mkdir()
         return self.run([sys.executable, "-m", "papermill", str(nb), str(run / "out.ipynb"),
                          "-k", "python3", "--cwd", str(run / "work"), "--no-progress-bar",
@@ -156,7 +156,7 @@ def per_lab(bench: Bench, labs: list) -> dict:
     out = {}
     for lab in labs:
         nb = lab.root / "solutions" / f"{lab.notebook}.ipynb"
-        pm, gr = bench.side_by_side(lab.id, lambda: bench.papermill(nb),
+        pm, gr = bench.side_by_side(lab.id, lambda: bench.papermill(lab),
                                     lambda: bench.grade([nb], 1))
         out[lab.id] = {
             "papermill_s": spread([m["wall_s"] for m in pm]),

@@ -153,8 +153,9 @@ def merge_shards(dirs: list[Path], out: Path) -> list[str]:
             name = path.name.removesuffix(".json")
             if name in found and found[name].read_bytes() != path.read_bytes():
                 raise GraderError(f"{name}: two different results, in {found[name].parent} and "
-                                  f"{folder}: merge the shards of one batch graded with one "
-                                  "--seed (grader grade --shard K/N --seed S)")
+                                  f"{folder}: two gradings of one notebook (shards of two "
+                                  "runs, or a folder of an earlier run); merge the shards of "
+                                  "one run (grader grade --shard K/N --seed S)")
             found[name] = path
     if not found:
         raise GraderError(f"no results in {', '.join(map(str, dirs))} (give the --out folders "

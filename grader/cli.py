@@ -220,6 +220,10 @@ def cmd_merge(args, console: Console) -> int:
                     key=lambda g: (g.learner, g.result.lab))
     console.print(summary_table([(Submission(Path(g.result.notebook), g.learner, g.name),
                                   g.result, False) for g in graded], expand=console.is_terminal))
+    if len(seeds := sorted({g.result.environment.seed for g in graded})) > 1:
+        console.print(f"[yellow]these results were graded with {len(seeds)} seeds ("
+                      f"{', '.join(map(str, seeds[:5]))}): the shards of one run share one; "
+                      "is a shard from another run?[/yellow]")
     if not _write_reports(_results_to_report(args, console), args.out, args.labs, console):
         return 1
     return 1 if any(g.result.error for g in graded) else 0

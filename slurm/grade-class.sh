@@ -20,12 +20,16 @@ fi
 subs=$1 n=$2 out=${3:-build/grades/$(basename "$(realpath "$1")")}
 seed=${SEED:-$(( (RANDOM << 15 | RANDOM) ))}
 python=${PYTHON:-.venv/bin/python}
+if [ -e "$out/shards" ]; then  # (shards of an earlier run would be merged with these)
+    echo "$out/shards exists, from an earlier run: remove it, or give another OUT" >&2
+    exit 2
+fi
 mkdir -p "$out/slurm"
 array=$(sbatch --parsable --job-name=grade-shard --array="1-$n" \
     --output="$out/slurm/shard-%a.log" slurm/grade-shard.sbatch "$python" "$subs" "$n" "$seed" \
     "$out/shards")
 merge=$(sbatch --parsable --job-name=grade-merge --dependency="afterany:${array%%;*}" \
     --output="$out/slurm/merge.log" \
-    --wrap="$python -m grader merge $out/shards/* --out $out")
+    --wrap="$(printf '%q' "$python") -m grader merge $(printf '%q' "$out")/shards/* --out $(printf '%q' "$out")")
 echo "seed $seed: job array ${array%%;*} grades $subs in $n shards; job ${merge%%;*} merges" \
     "them into $out (logs: $out/slurm/)"

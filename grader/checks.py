@@ -109,6 +109,14 @@ class Check:
 _REGISTRY: dict[str, list[Check]] = {}
 
 
+def grading() -> bool:
+    """Whether this process is a grading kernel (the grader armed it: :func:`grader.guard.arm`),
+    not a learner's kernel or a test."""
+    from grader import guard
+
+    return guard.armed()
+
+
 def check(exercise_id: str, *, hidden: bool = False):
     """Decorator registering ``fn(answer, ctx)`` as a check of ``exercise_id``."""
 

@@ -15,9 +15,10 @@ import random
 
 import torch
 import torch._dynamo
+import torch._inductor.config as inductor_config
 from torch._inductor.utils import fresh_cache, run_and_get_code
 
-from grader.checks import CheckFailure, check, plain_tensor
+from grader.checks import CheckFailure, check, grading, plain_tensor
 from labs.compile import programs, viz
 from labs.compile.checks._harness import fresh_compiler
 
@@ -36,10 +37,11 @@ def kernels_in(codes: list[str]) -> tuple[list[str], list[str]]:
 def compile_and_count(fn, x: torch.Tensor, what: str):
     """Compile ``fn`` with Inductor (fullgraph), run it on ``x``; (output, generated,
     fallbacks)."""
-    # An empty cache of its own: nothing in Inductor's caches (the kernel's copy of the grader's
-    # warm cache, what the notebook compiled, or planted) stands in for the code or its kernels
+    # When grading, an empty cache of its own: nothing in Inductor's caches (the kernel's copy of
+    # the grader's warm cache, what the notebook compiled, or planted) stands in for the code;
+    # elsewhere, the FX graph cache off, so that the code is generated (and seen) every time
     try:
-        with fresh_cache():
+        with fresh_cache() if grading() else inductor_config.patch(fx_graph_cache=False):
             out, codes = run_and_get_code(torch.compile(fn, fullgraph=True), x)
     except torch._dynamo.exc.Unsupported as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -140,10 +140,11 @@ def cmd_grade(args, console: Console) -> int:
     share = ""
     if args.shard:
         k, n = args.shard
-        share = f" (shard {k}/{n} of {len(subs)})"
+        total = len(subs)
+        share = f" (shard {k}/{n} of {total})"
         if not (subs := shard(subs, k, n)):
-            console.print(f"shard {k}/{n} of these {len(find_submissions(args.paths))} "
-                          "notebook(s) is empty: nothing to grade")
+            console.print(f"shard {k}/{n} of these {total} notebook(s) is empty: nothing to "
+                          "grade")
             return 0
     console.print(f"grading {len(subs)} notebook(s){share} on {device}, seed {seed}, "
                   f"{args.jobs} job(s) -> {safe(str(args.out))}")

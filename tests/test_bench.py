@@ -45,13 +45,26 @@ def _results(ratio: float, speedup: float, course_s: float) -> dict:
             "course": {"notebooks": 1, "jobs_1_s": s(course_s), "jobs_2_s": s(course_s),
                        "speedup": s(1.0), "grader_rss_mib": 1, "kernel_rss_mib": 2},
             "batch": {"notebooks": 12, "jobs_1_s": s(10.0 * speedup), "jobs_2_s": s(10.0),
-                      "speedup": s(speedup), "grader_rss_mib": 1, "kernel_rss_mib": 2}}
+                      "speedup": s(speedup), "grader_rss_mib": 1, "kernel_rss_mib": 2},
+            "cpu_scaling": {"alone_s": s(2.0), "together_s": s(2.1), "ceiling": s(1.9)}}
 
 
 def test_each_target_is_met_or_missed_with_its_figure():
     met = bench.verdicts(_results(1.05, 1.8, 200))
     assert [line.split(": ")[1].split()[0] for line in met] == ["met"] * 3
-    assert "toy 1.05" in met[0] and "(1.80×)" in met[1] and "(200 s)" in met[2]
+    assert "toy 1.05" in met[0] and "(1.80×; " in met[1] and "(200 s)" in met[2]
+    assert "1.90× as fast as one" in met[1]
     missed = bench.verdicts(_results(1.2, 1.5, 400))
     assert [line.split(": ")[1].split()[0] for line in missed] == ["MISSED"] * 3
     assert len(bench.tables(_results(1.2, 1.5, 400))) == 3
+
+
+def test_cpu_scaling_times_one_loop_alone_then_two_at_once(monkeypatch, tmp_path):
+    monkeypatch.setattr(bench, "SPIN", "import time; time.sleep(0.3)")  # sleeps scale fully
+    b = bench.Bench(2, tmp_path, bench.Console(quiet=True))
+    s = bench.cpu_scaling(b)
+    assert s["alone_s"]["min"] >= 0.3 and s["together_s"]["min"] >= 0.3
+    assert len(s["ceiling"]["runs"]) == 2 and 1.5 < s["ceiling"]["median"] <= 2.1
+    monkeypatch.setattr(bench, "SPIN", "raise SystemExit(1)")
+    with pytest.raises(RuntimeError, match="loop failed"):
+        bench.cpu_scaling(b)

@@ -96,6 +96,11 @@ def find_submissions(paths: list[str]) -> list[Submission]:
     return subs
 
 
+#: the file ``grader grade --shard K/N`` writes in its --out, beside the results: the shard, the
+#: split and the names of the whole batch, so that ``grader merge`` notices a shard that is lost
+SHARD_MANIFEST = "shard.json"
+
+
 def shard(subs: list[Submission], k: int, n: int) -> list[Submission]:
     """Shard ``k`` of ``n`` (1 <= k <= n) of a batch in :func:`find_submissions`' order: every
     ``n``-th submission from the ``k``-th, so the shards are disjoint, cover the batch, differ in
@@ -103,6 +108,48 @@ def shard(subs: list[Submission], k: int, n: int) -> list[Submission]:
     the slow labs). Names come from the whole batch, so a shard's result files are named as an
     unsharded run names them."""
     return subs[k - 1::n]
+
+
+def write_manifest(out: Path, k: int, n: int, seed: int, batch: list[Submission]) -> None:
+    """Write ``out/shard.json`` for shard ``k`` of ``n`` of ``batch`` (the whole batch, in
+    :func:`find_submissions`' order), graded with ``seed``: written before grading, so an empty
+    shard, or one whose job is killed, leaves it too."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / SHARD_MANIFEST).write_text(json.dumps(
+        {"shard": k, "of": n, "seed": seed, "batch": [s.name for s in batch]}, indent=1) + "\n",
+        encoding="utf-8")
+
+
+def missing_from_shards(dirs: list[Path], merged: set[str]) -> list[str]:
+    """What the shard manifests (:data:`SHARD_MANIFEST`) in ``dirs`` say a merge of them lacks,
+    ``merged`` being the result names it holds: one line per shard that owes results it does
+    not have (a shard lost, never run, or killed mid-way), naming the first few; one line when
+    the manifests disagree on the batch or the split (shards graded from different folders or
+    at different times). Empty when nothing is missing, or no folder has a manifest (folders
+    of unsharded runs)."""
+    lines, splits = [], set()
+    for folder in dirs:
+        path = folder / SHARD_MANIFEST
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            n, batch = int(data["of"]), tuple(str(name) for name in data["batch"])
+        except (OSError, ValueError, KeyError, TypeError):
+            lines.append(f"{path}: not a readable shard manifest")
+            continue
+        splits.add((n, batch))
+    if len(splits) > 1:
+        lines.append(f"the shards disagree on the batch or its split ({len(splits)} different "
+                     "ones): merge the shards of one run, which all grade the same folder")
+    for n, batch in sorted(splits):
+        for k in range(1, n + 1):
+            if owed := [name for name in batch[k - 1::n] if name not in merged]:
+                lines.append(f"shard {k}/{n}: no result for {len(owed)} of its "
+                             f"{len(batch[k - 1::n])} notebook(s) ({', '.join(owed[:3])}"
+                             f"{', ...' if len(owed) > 3 else ''}): the shard was lost, not run "
+                             "or stopped; grade it again into its folder and merge again")
+    return lines
 
 
 def assigned_lab(subs: list[Submission], labs: list[str] | None = None) -> str | None:

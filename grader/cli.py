@@ -36,8 +36,9 @@ naming: learners come from the path: <searched folder>/<learner>/..., or
   alice/02_autograd.ipynb); a later clash gets -2, -3...
 
 shards: --shard K/N --seed S grades every N-th notebook from the K-th (learners, names and the
-  assigned lab still come from the whole batch); grader merge DIR... --out DIR then writes the
-  reports an unsharded run writes (.github/workflows/grade-sharded.yml, slurm/grade-class.sh).
+  assigned lab still come from the whole batch; each shard writes shard.json); grader merge
+  DIR... --out DIR then writes the reports an unsharded run writes, and exits 1 naming any
+  shard whose results are missing (.github/workflows/grade-sharded.yml, slurm/grade-class.sh).
 
 torch: the labs are written for the pinned torch release; under another one grading is
   refused (exit 2) unless --allow-torch-mismatch: then every result and report records both
@@ -119,7 +120,7 @@ def cmd_grade(args, console: Console) -> int:
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                TimeElapsedColumn, TimeRemainingColumn)
 
-    from grader.batch import assigned_lab, find_submissions, grade_all, shard
+    from grader.batch import assigned_lab, find_submissions, grade_all, shard, write_manifest
     from grader.grade import check_torch, new_seed, resolve_device
     from grader.results import PINNED_TORCH, installed_torch, is_pinned_torch
 
@@ -142,6 +143,7 @@ def cmd_grade(args, console: Console) -> int:
         k, n = args.shard
         total = len(subs)
         share = f" (shard {k}/{n} of {total})"
+        write_manifest(args.out, k, n, seed, subs)
         if not (subs := shard(subs, k, n)):
             console.print(f"shard {k}/{n} of these {total} notebook(s) is empty: nothing to "
                           "grade")
@@ -211,7 +213,7 @@ def _write_reports(graded: list, out: Path, labs: list[str] | None, console: Con
 
 
 def cmd_merge(args, console: Console) -> int:
-    from grader.batch import Submission, merge_shards
+    from grader.batch import Submission, merge_shards, missing_from_shards
     from grader.exports import load_graded
 
     names = merge_shards(args.dirs, args.out)
@@ -226,6 +228,12 @@ def cmd_merge(args, console: Console) -> int:
                       f"{', '.join(map(str, seeds[:5]))}): the shards of one run share one; "
                       "is a shard from another run?[/yellow]")
     if not _write_reports(_results_to_report(args, console), args.out, args.labs, console):
+        return 1
+    if missing := missing_from_shards(args.dirs, set(names)):
+        console.print("[red]incomplete: these reports lack what the shards' manifests "
+                      "(shard.json) promise[/red]")
+        for line in missing:
+            console.print(f"  [red]{safe(line)}[/red]")
         return 1
     return 1 if any(g.result.error for g in graded) else 0
 
@@ -264,11 +272,14 @@ def _results_to_report(args, console: Console) -> list:
     """The results in ``--out`` the reports cover, sorted by learner and lab: every result there
     (so grading one late learner into the class's folder keeps the class), except a result
     whose notebook no longer exists (a deleted or renamed hand-in: unless ``--keep-missing``),
-    which is named on the console."""
+    which is named on the console; a shard's manifest is no result."""
+    from grader.batch import SHARD_MANIFEST
     from grader.exports import load_graded
 
     graded = []
     for path in sorted(args.out.glob("*.json")):
+        if path.name == SHARD_MANIFEST:
+            continue
         try:
             g = load_graded(path)
         except (OSError, ValueError, KeyError, TypeError):
@@ -370,7 +381,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "(grader grade --shard K/N) into one, and write its reports",
                            description="Copy every result (with its executed notebook) of the "
                            "folders DIR into --out, then write the reports of every result "
-                           "there, as an unsharded run of the batch writes them.")
+                           "there, as an unsharded run of the batch writes them; exit 1 when a "
+                           "shard's results are missing (the shards' shard.json say which "
+                           "they owe).")
     merge.add_argument("dirs", nargs="+", type=Path, metavar="DIR",
                        help="the --out folders of the shards")
     merge.add_argument("--out", type=Path, required=True,

@@ -10,7 +10,8 @@
 # graded>. The course's environment (.venv/, or PYTHON=...) and the submissions must be on a
 # filesystem the compute nodes share. Resources per task are in slurm/grade-shard.sbatch;
 # sbatch reads further options from SBATCH_* variables (SBATCH_PARTITION, SBATCH_ACCOUNT...).
-# SEED=... fixes the seed (default: a random one, printed).
+# SEED=... fixes the seed (default: a random one, printed); DEVICE=cuda grades on the nodes' GPU
+# (default cpu: every task grades on one kind of device, whatever node it lands on).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 2 ] || ! [ "$2" -ge 1 ] 2>/dev/null; then
@@ -19,7 +20,7 @@ if [ $# -lt 2 ] || ! [ "$2" -ge 1 ] 2>/dev/null; then
 fi
 subs=$1 n=$2 out=${3:-build/grades/$(basename "$(realpath "$1")")}
 seed=${SEED:-$(( (RANDOM << 15 | RANDOM) ))}
-python=${PYTHON:-.venv/bin/python}
+python=${PYTHON:-.venv/bin/python} device=${DEVICE:-cpu}
 if [ -e "$out/shards" ]; then  # (shards of an earlier run would be merged with these)
     echo "$out/shards exists, from an earlier run: remove it, or give another OUT" >&2
     exit 2
@@ -27,9 +28,9 @@ fi
 mkdir -p "$out/slurm"
 array=$(sbatch --parsable --job-name=grade-shard --array="1-$n" \
     --output="$out/slurm/shard-%a.log" slurm/grade-shard.sbatch "$python" "$subs" "$n" "$seed" \
-    "$out/shards")
+    "$out/shards" "$device")
 merge=$(sbatch --parsable --job-name=grade-merge --dependency="afterany:${array%%;*}" \
     --output="$out/slurm/merge.log" \
     --wrap="$(printf '%q' "$python") -m grader merge $(printf '%q' "$out")/shards/* --out $(printf '%q' "$out")")
-echo "seed $seed: job array ${array%%;*} grades $subs in $n shards; job ${merge%%;*} merges" \
+echo "seed $seed, $device: job array ${array%%;*} grades $subs in $n shards; job ${merge%%;*} merges" \
     "them into $out (logs: $out/slurm/)"

@@ -213,9 +213,11 @@ def _three_shards_merged_report_as(unsharded: Path, subs: Path, tmp_path: Path, 
     run = subprocess.run(["bash", str(ROOT / "slurm" / "grade-class.sh"), str(subs), "3",
                           str(out)], env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    assert f"seed 4: job array 4242 grades {subs} in 3 shards" in run.stdout
+    assert f"seed 4, cpu: job array 4242 grades {subs} in 3 shards" in run.stdout
     shards = [out / "shards" / str(k) for k in (1, 2, 3)]
-    assert [len(list(f.glob("*.json"))) for f in shards] == [2, 1, 1]  # ann+dee, ben, cid
+    assert [len(list(f.glob("*-90_toy.json"))) for f in shards] == [2, 1, 1]  # ann+dee, ben, cid
+    assert all(json.loads((f / "shard.json").read_text())["batch"] == [
+        "ann-90_toy", "ben-90_toy", "cid-90_toy", "dee-90_toy"] for f in shards)
     assert "merged 4 result(s) from 3 folder(s)" in (out / "slurm" / "merge.log").read_text()
     one, merged = _report_files(unsharded), _report_files(out)
     assert "junit.xml" in one
@@ -234,6 +236,20 @@ def _three_shards_merged_report_as(unsharded: Path, subs: Path, tmp_path: Path, 
         (other / "ann-90_toy.json").read_text().replace('"seed": 4', '"seed": 5'))
     assert main(["merge", str(shards[0]), str(other), "--out", str(tmp_path / "m2")]) == 2
     assert "two different results" in capsys.readouterr().err
+    # a lost shard, or one stopped mid-way, is named (the reports are written); so are
+    # shards of two splits
+    assert main(["merge", str(shards[0]), str(shards[2]), "--out", str(tmp_path / "m3")]) == 1
+    said = capsys.readouterr().out
+    assert "incomplete" in said and "shard 2/3: no result for 1 of its 1 notebook(s) " \
+        "(ben-90_toy)" in said and "shard 1/3:" not in said and "disagree" not in said
+    assert (tmp_path / "m3" / "gradebook.csv").read_text().count("\n") == 4  # ann cid dee
+    assert main(["merge", *map(str, shards), str(tmp_path / "x"), "--out",
+                 str(tmp_path / "m5")]) == 1
+    assert "the shards disagree on the batch or its split" in capsys.readouterr().out
+    (shards[0] / "dee-90_toy.json").unlink()
+    assert main(["merge", *map(str, shards), "--out", str(tmp_path / "m4")]) == 1
+    assert "shard 1/3: no result for 1 of its 2 notebook(s) (dee-90_toy)" in \
+        capsys.readouterr().out
 
 
 def test_regrading_one_learner_keeps_the_class_reports(tmp_path):

@@ -52,6 +52,9 @@ MAX_IMAGES = 3
 MAX_IMAGE_CHARS = 700_000
 #: equal-width bins of the lab-score histogram, from 0 to the lab's maximum
 HISTOGRAM_BINS = 10
+#: submissions a lab needs for summary.html to draw its histogram (one score is no distribution,
+#: and drawing it took most of the report time of a one-notebook grading: 0.8 s)
+HISTOGRAM_MIN_SUBMISSIONS = 2
 
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 _XML_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
@@ -744,14 +747,16 @@ def histogram_png(lab: str, lab_summary: dict) -> bytes:
 def summary_html(graded: list[Graded]) -> str:
     """The class summary (:func:`class_summary`) as one self-contained HTML page: per lab, the
     score statistics over the whole lab and over what could run, a histogram of lab scores
-    (an embedded base64 PNG), per-exercise statistics, and one row per submission linking to
+    (an embedded base64 PNG, for a lab with at least :data:`HISTOGRAM_MIN_SUBMISSIONS`
+    submissions), per-exercise statistics, and one row per submission linking to
     its feedback at ``feedback/<name>.html`` (the layout :func:`write_reports` writes). Means
     and medians are shown with at most 1 decimal (the JSON of :func:`class_summary` keeps 4);
     every table sits in a container that scrolls sideways should it not fit the page's column.
     Raises ValueError for an empty list."""
     summary = class_summary(graded)
     images = {lab: base64.b64encode(histogram_png(lab, s)).decode("ascii")
-              for lab, s in summary["labs"].items()}
+              for lab, s in summary["labs"].items()
+              if s["submissions"] >= HISTOGRAM_MIN_SUBMISSIONS}
     return _HTML.get_template("summary.html").render(
         summary=summary, images=images, graded=graded, statuses=STATUSES, mark=CAVEAT_MARK)
 

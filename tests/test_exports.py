@@ -391,12 +391,13 @@ def test_class_summary_matches_statistics_computed_by_hand():
         class_summary([])
 
 
-def test_summary_html_embeds_a_histogram_per_lab_and_escapes(graded):
+def test_summary_html_embeds_a_histogram_per_lab_of_a_class_and_escapes(graded):
     html = summary_html(graded)
     images = [part.split('"', 1)[0] for part in html.split('src="data:image/png;base64,')[1:]]
-    assert len(images) == 2  # toy, demo
+    assert len(images) == 1  # toy's 3 learners; demo's one score is no distribution
     assert all(base64.b64decode(i).startswith(b"\x89PNG\r\n\x1a\n") for i in images)
     assert '<img alt="histogram of toy scores"' in html
+    assert "histogram of demo" not in html and '<h2 id="lab-demo">' in html
     assert "<script" not in html and "&lt;oops&gt;" in html and "The &lt;only&gt; exercise" in html
     assert 'href="feedback/alice_90_toy.html"' in html
     assert "_grade(" not in html

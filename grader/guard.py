@@ -23,6 +23,7 @@ that means in practice.
 """
 from __future__ import annotations
 
+import gc
 import hashlib
 import hmac
 import importlib.util
@@ -208,23 +209,37 @@ def key() -> bytes:
 
 
 def tampering(exercise_id: str, *, _state=_STATE, _entries=_entries, _same=_same,
-              _libraries=_libraries) -> list[str]:
+              _libraries=_libraries, _gc=(gc.isenabled, gc.disable, gc.enable)) -> list[str]:
     """The watched names the notebook replaced or removed since :func:`arm`, and the exercise's
     checks if their registration changed (empty when nothing was touched).
 
     The keyword defaults are this module's own objects, bound when it was imported (before any
     learner code): replacing ``grader.guard._same`` from a notebook does not change what runs
-    here (and is itself reported, as every global of the grader's modules is watched)."""
+    here (and is itself reported, as every global of the grader's modules is watched).
+
+    The garbage collector is paused meanwhile (and left as it was found): the ~16,000 entries
+    compared are freed by reference counting, but allocating them set off full collections of
+    the kernel's heap, 0.17 s each, two of six exercises of lab 5 on a 2-core machine."""
     from grader import checks
 
-    snap: Snapshot = _state["snapshot"]
-    now = _entries(_state["lab"])
-    libs = _libraries()
-    changed = [name for name, old in snap.names.items() if not _same(old, now.get(name), libs)]
-    changed += [f"torch.Tensor.{attr}" for attr in
-                ("__eq__", "__ne__", "__bool__", "__lt__", "__le__", "__gt__", "__ge__",
-                 "__len__", "__float__", "__int__", "__index__", "__hash__", "__torch_function__")
-                if f"torch.Tensor.{attr}" in now and f"torch.Tensor.{attr}" not in snap.names]
+    isenabled, disable, enable = _gc
+    was_on = isenabled()
+    disable()
+    try:
+        snap: Snapshot = _state["snapshot"]
+        now = _entries(_state["lab"])
+        libs = _libraries()
+        changed = [name for name, old in snap.names.items()
+                   if not _same(old, now.get(name), libs)]
+        changed += [f"torch.Tensor.{attr}" for attr in
+                    ("__eq__", "__ne__", "__bool__", "__lt__", "__le__", "__gt__", "__ge__",
+                     "__len__", "__float__", "__int__", "__index__", "__hash__",
+                     "__torch_function__")
+                    if f"torch.Tensor.{attr}" in now and f"torch.Tensor.{attr}" not in snap.names]
+        del now  # (freed before the collector resumes)
+    finally:
+        if was_on:
+            enable()
     live = tuple(checks._REGISTRY.get(exercise_id, ()))
     if len(live) != len(snap.registry.get(exercise_id, ())) or any(
             a is not b or a.fn is not b.fn for a, b in zip(live, snap.registry[exercise_id])):

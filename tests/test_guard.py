@@ -2,6 +2,7 @@
 notebook replaced, and the threads and processes an answer leaves running."""
 import builtins
 import functools
+import gc
 import subprocess
 import threading
 import time
@@ -43,6 +44,22 @@ def test_arm_outside_a_grading_run_says_so(tmp_path, monkeypatch):
 
 def test_nothing_touched_means_no_tampering(armed):
     assert guard.tampering("toy.add") == []
+
+
+def test_tampering_pauses_the_collector_and_leaves_it_as_it_found_it(armed):
+    collecting = []
+
+    def entries(lab_id):  # what tampering() walks, noting whether the collector runs meanwhile
+        collecting.append(gc.isenabled())
+        return guard._entries(lab_id)
+
+    try:
+        assert guard.tampering("toy.add", _entries=entries) == [] and gc.isenabled()
+        gc.disable()
+        assert guard.tampering("toy.add", _entries=entries) == [] and not gc.isenabled()
+    finally:
+        gc.enable()
+    assert collecting == [False, False]
 
 
 @pytest.mark.parametrize("target, name", [

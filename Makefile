@@ -62,7 +62,7 @@ release: $(STAMP)
 
 # How long grading takes here, against plain papermill, and how a batch scales with --jobs
 # (README, "Performance"): tables on the console, everything in build/bench/bench.json. About
-# 50 minutes on 2 cores; e.g. BENCH_ARGS="--repeat 1 --labs autograd --batch 4" for a taste.
+# 25 to 50 minutes on 2 cores; e.g. BENCH_ARGS="--repeat 1 --labs autograd --batch 4" for a taste.
 BENCH_ARGS ?=
 bench: $(STAMP)
 	$(PY) tools/bench.py $(BENCH_ARGS)

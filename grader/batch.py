@@ -125,8 +125,8 @@ def missing_from_shards(dirs: list[Path], merged: set[str]) -> list[str]:
     ``merged`` being the result names it holds: one line per shard that owes results it does
     not have (a shard lost, never run, or killed mid-way), naming the first few; one line when
     the manifests disagree on the batch or the split (shards graded from different folders or
-    at different times). Empty when nothing is missing, or no folder has a manifest (folders
-    of unsharded runs)."""
+    at different times), and then no other. Empty when nothing is missing, or no folder has a
+    manifest (folders of unsharded runs)."""
     lines, splits = [], set()
     for folder in dirs:
         path = folder / SHARD_MANIFEST
@@ -139,9 +139,10 @@ def missing_from_shards(dirs: list[Path], merged: set[str]) -> list[str]:
             lines.append(f"{path}: not a readable shard manifest")
             continue
         splits.add((n, batch))
-    if len(splits) > 1:
-        lines.append(f"the shards disagree on the batch or its split ({len(splits)} different "
-                     "ones): merge the shards of one run, which all grade the same folder")
+    if len(splits) > 1:  # (then which shard owes what has no answer)
+        return lines + [f"the shards disagree on the batch or its split ({len(splits)} "
+                        "different ones): merge the shards of one run, which all grade the "
+                        "same folder with one --shard K/N"]
     for n, batch in sorted(splits):
         for k in range(1, n + 1):
             if owed := [name for name in batch[k - 1::n] if name not in merged]:

@@ -25,7 +25,8 @@ what is written in --out:
   <name>.executed.ipynb   the notebook as graded, with outputs
   gradebook.csv           one row per learner, one column per exercise, totals
   junit.xml               one testcase per exercise, for CI dashboards
-  summary.html            the class: statistics and histograms per lab and exercise
+  summary.html            the class: statistics per lab and exercise, a histogram of each
+                          lab of 2 or more hand-ins
   feedback/<name>.md|html per-submission feedback for the learner
   gradescope/<name>.json  Gradescope's results.json
   The reports cover every result in --out whose notebook still exists.

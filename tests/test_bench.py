@@ -39,7 +39,7 @@ def test_the_batch_is_one_hand_in_per_learner_none_of_them_the_reference(tmp_pat
 
 def _results(ratio: float, speedup: float, course_s: float) -> dict:
     s = lambda v: bench.spread([v])  # noqa: E731
-    return {"repeat": 1, "batch_lab": "autograd",
+    return {"repeat": 1, "batch_lab": "autograd", "whole_course": True,
             "labs": {"toy": {"papermill_s": s(10.0), "grader_s": s(10.0 * ratio),
                              "ratio": s(ratio), "grader_rss_mib": 1, "kernel_rss_mib": 2}},
             "course": {"notebooks": 1, "jobs_1_s": s(course_s), "jobs_2_s": s(course_s),
@@ -57,6 +57,8 @@ def test_each_target_is_met_or_missed_with_its_figure():
     missed = bench.verdicts(_results(1.2, 1.5, 400))
     assert [line.split(": ")[1].split()[0] for line in missed] == ["MISSED"] * 3
     assert len(bench.tables(_results(1.2, 1.5, 400))) == 3
+    part = bench.verdicts(_results(1.05, 1.8, 400) | {"whole_course": False})
+    assert part[2].endswith(": not judged: --labs chose 1 of the labs (400 s)")
 
 
 def test_cpu_scaling_times_one_loop_alone_then_two_at_once(monkeypatch, tmp_path):

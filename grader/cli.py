@@ -150,7 +150,7 @@ def cmd_grade(args, console: Console) -> int:
                           "grade")
             return 0
     console.print(f"grading {len(subs)} notebook(s){share} on {device}, seed {seed}, "
-                  f"{args.jobs} job(s) -> {safe(str(args.out))}")
+                  f"{min(args.jobs, len(subs))} job(s) -> {safe(str(args.out))}")
 
     def progress(o):
         console.print(f"  [{STYLE[o.status]}]{o.status:>7}[/] {o.exercise} "

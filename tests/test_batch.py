@@ -110,7 +110,9 @@ def test_ci_exit_codes(tmp_path, capsys):
     shutil.rmtree(subs / "dee")
     out = str(tmp_path / "out")
     assert main(["grade", str(subs / "ann"), "--out", out, "--device", "cpu",
-                 "--fail-under", "100"]) == 0
+                 "--fail-under", "100", "--jobs", "2"]) == 0
+    assert "grading 1 notebook(s) on cpu, seed " in (said := capsys.readouterr().out)
+    assert ", 1 job(s) -> " in said  # (one notebook takes one job, and every core)
     assert main(["grade", str(subs), "--out", out, "--device", "cpu", "--jobs", "2",
                  "--fail-under", "50"]) == 3  # ben scores 0
     assert "below --fail-under 50%" in capsys.readouterr().out

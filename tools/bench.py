@@ -55,7 +55,7 @@ from grader.results import installed_torch  # noqa: E402
 TARGETS = {"ratio": 1.10, "speedup": 1.7, "course_s": 360.0}
 #: seconds between two samples of the processes' memory
 SAMPLE_S = 0.1
-#: a CPU-bound loop of plain Python, about 2 s on one core here: the machine's own 2-core scaling
+#: a CPU-bound loop of plain Python, 1.4 s to 2.4 s on one core here: the 2-core scaling
 SPIN = "x = 0\nfor i in range(25_000_000):\n    x += i"
 
 

@@ -29,13 +29,18 @@ message says which (:func:`state_changes`).
 """
 from __future__ import annotations
 
-import contextlib
 import importlib
-import sys
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from grader import probe as _probe
+from grader.probe import probe, seeded_rng, state_changes, torch_defaults
+
+__all__ = ["Answer", "AnswerError", "AnswerRaised", "CheckContext", "CheckFailure", "Verdict",
+           "check", "checks_for", "exact", "plain_tensor", "probe", "run_checks",
+           "state_changes", "torch_defaults"]
 
 MAX_MESSAGE_CHARS = 1200
 #: what an allocation that failed for lack of memory says (Python, torch's CPU allocator, CUDA)
@@ -236,110 +241,6 @@ def _clip(text: str) -> str:
     return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3] + "..."
 
 
-def state_changes() -> list[str]:
-    """How torch's global state in this process differs from torch's defaults, in words (empty
-    when it does not, or torch is not loaded): grad mode, inference mode, default dtype and
-    device, deterministic algorithms, anomaly detection, autocast, and Python modes left active.
-    (torch/csrc/autograd/grad_mode.h: GradMode; c10/core/InferenceMode.h: InferenceMode;
-    torch/__init__.py: set_default_dtype, set_default_device, use_deterministic_algorithms.)"""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return []
-    found = []
-    if torch.is_inference_mode_enabled():
-        found.append("inference mode is on (torch.inference_mode() entered and not left)")
-    elif not torch.is_grad_enabled():
-        found.append("grad mode is off (torch.set_grad_enabled(False), or torch.no_grad() "
-                     "entered and not left)")
-    if (dtype := torch.get_default_dtype()) != torch.float32:
-        found.append(f"the default dtype is {dtype} (torch.set_default_dtype or "
-                     "set_default_tensor_type)")
-    if (device := torch.get_default_device()).type != "cpu":
-        found.append(f"the default device is {device} (torch.set_default_device)")
-    if torch.are_deterministic_algorithms_enabled():
-        found.append("deterministic algorithms are on (torch.use_deterministic_algorithms)")
-    if torch.is_anomaly_enabled():
-        found.append("anomaly detection is on (torch.autograd.set_detect_anomaly)")
-    for kind in ("cpu", "cuda"):
-        if torch.is_autocast_enabled(kind):
-            found.append(f"autocast is on for {kind} (torch.autocast entered and not left)")
-    modes = [type(m).__name__ for m in _function_modes()
-             if type(m).__name__ != "DeviceContext"]  # (that one is the default device)
-    modes += [type(m).__name__ for m in _dispatch_modes(torch)]
-    if modes:
-        found.append(f"Python modes are active ({', '.join(modes)}: a mode's __enter__ without "
-                     "its __exit__)")
-    return found
-
-
-def _function_modes() -> list:
-    from torch.overrides import _get_current_function_mode_stack
-
-    return list(_get_current_function_mode_stack())
-
-
-def _dispatch_modes(torch) -> list:
-    if not torch._C._len_torch_dispatch_stack():
-        return []
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-    return list(_get_current_dispatch_mode_stack())
-
-
-@contextlib.contextmanager
-def _no_function_modes(torch):
-    """Pop every TorchFunctionMode (the default device's DeviceContext too); push them back."""
-    popped = [torch._C._pop_torch_function_stack()
-              for _ in range(torch._C._len_torch_function_stack())]
-    try:
-        yield
-    finally:
-        for mode in reversed(popped):
-            torch._C._push_on_torch_function_stack(mode)
-
-
-@contextlib.contextmanager
-def torch_defaults():
-    """Run the body under torch's default global state, whatever the notebook set before:
-    grad mode on, inference mode off, default dtype float32 and device cpu, deterministic
-    algorithms, anomaly detection and autocast off, no TorchFunctionMode or TorchDispatchMode
-    active. The notebook's state is restored on exit. Checks are written for this state; the
-    guard compares torch with its snapshot under it (torch rebinds ``torch.Storage`` itself
-    when the default dtype changes). A no-op when torch is not loaded."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        yield
-        return
-    dtype = torch.get_default_dtype()
-    deterministic = (torch.are_deterministic_algorithms_enabled(),
-                     torch.is_deterministic_algorithms_warn_only_enabled())
-    autocast = {kind: torch.is_autocast_enabled(kind) for kind in ("cpu", "cuda")}
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(_no_function_modes(torch))
-        if torch._C._len_torch_dispatch_stack():
-            from torch.utils._python_dispatch import _disable_current_modes
-
-            stack.enter_context(_disable_current_modes())
-        stack.enter_context(torch.inference_mode(False))
-        stack.enter_context(torch.enable_grad())
-        stack.enter_context(torch.autograd.set_detect_anomaly(False))
-        try:  # (only what differs is set: use_deterministic_algorithms alone costs ~10 ms)
-            if dtype != torch.float32:
-                torch.set_default_dtype(torch.float32)
-            if deterministic[0]:
-                torch.use_deterministic_algorithms(False)
-            for kind in (kind for kind, on in autocast.items() if on):
-                torch.set_autocast_enabled(kind, False)
-            yield
-        finally:
-            if dtype != torch.float32:
-                torch.set_default_dtype(dtype)
-            if deterministic[0]:
-                torch.use_deterministic_algorithms(True, warn_only=deterministic[1])
-            for kind in (kind for kind, on in autocast.items() if on):
-                torch.set_autocast_enabled(kind, True)
-
-
 def _earlier_stub(exc: NotImplementedError, exercise_id: str) -> bool:
     """Whether ``exc`` is the stub of another exercise of ``exercise_id``'s lab (a later exercise
     can build on an earlier one's answer, e.g. a subclass of its class)."""
@@ -348,26 +249,122 @@ def _earlier_stub(exc: NotImplementedError, exercise_id: str) -> bool:
     return other != exercise_id and other.startswith(f"{lab}.") and other in _REGISTRY
 
 
-@contextlib.contextmanager
-def _seeded_rng(seed: int):
-    """Fork torch's global CPU RNG and seed it, if torch is loaded (checks that never touch torch
-    need not import it)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        yield
-        return
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield
+class AnswerRaised(Exception):
+    """The learner's answer raised while a probe called it (in the kernel, or in-process).
+    ``record`` is the plain record :func:`grader.probe.raised` made of it: ``ename``, ``evalue``,
+    ``where`` and ``ours``. A check may catch it (``exc.ename``) where raising is the answer's
+    right behaviour; uncaught, the verdict is ``error`` and says what was raised, where."""
+
+    def __init__(self, record: dict):
+        self.record = record
+        self.ename = str(record.get("ename", "Exception"))
+        self.evalue = str(record.get("evalue", ""))
+        super().__init__(f"{self.ename}: {self.evalue}")
+
+    def message(self, exercise_id: str, label: str) -> str:
+        """What the learner reads (see :func:`_run`)."""
+        r = self.record
+        lab = exercise_id.split(".", 1)[0]
+        if self.ename == "NotImplementedError" and self.evalue == exercise_id:
+            return (f"NotImplementedError: {exercise_id} is still the stub. Replace the "
+                    f"`raise NotImplementedError(\"{exercise_id}\")` line with your answer.")
+        if self.ename == "NotImplementedError" and self.evalue.startswith(f"{lab}."):
+            earlier = self.evalue
+            return (f"NotImplementedError: {exercise_id} builds on {earlier}, which is still "
+                    f"the stub: finish {earlier} first (its check says what is missing).")
+        what = explain(self.ename, self.evalue)
+        if r.get("ours"):
+            return (f"{label}: checking your answer raised {what}. Does your answer return what "
+                    "the exercise asks for (type, structure, shapes)?")
+        return f"{label}: your answer raised {what}{r.get('where', '')}"
+
+
+class Answer:
+    """The learner's answer as a judge sees it: a handle, never the object. ``answer(*args,
+    **kwargs)`` calls it on plain data and returns plain data (see :mod:`grader.probe`);
+    ``answer.probe(fn, *args)`` runs the lab's probe ``fn`` (``labs/<lab>/probes.py``) on it.
+    Either raises :class:`AnswerRaised` when the answer raised, and :class:`CheckFailure` when
+    what came back is not plain data. Subclasses say where the answer lives (:meth:`send`):
+    :class:`LocalAnswer` in this process (a self-check, a test), the grader's in the learner's
+    kernel (``grader.execute``)."""
+
+    def __init__(self, exercise_id: str, seed: int = 0):
+        self.exercise, self.seed = exercise_id, seed
+
+    def __call__(self, *args, **kwargs) -> Any:
+        return self._reply(None, args, kwargs)
+
+    def probe(self, fn: Callable, *args, **kwargs) -> Any:
+        """``fn(answer, *args, **kwargs)`` where the answer lives, as plain data."""
+        return self._reply(_probe.name_of(fn), args, kwargs)
+
+    def send(self, probe_name: str | None, args: tuple, kwargs: dict) -> bytes:
+        """The encoded reply of :func:`grader.probe.call` for this call."""
+        raise NotImplementedError
+
+    def _reply(self, probe_name: str | None, args: tuple, kwargs: dict) -> Any:
+        if why := _probe.plain((list(args), kwargs), "the probe's inputs"):
+            raise TypeError(f"a check passed data that is not plain to the answer: {why}")
+        try:
+            reply = _probe.decode(self.send(probe_name, args, kwargs))
+        except ValueError as exc:
+            raise CheckFailure(f"what came back from your answer is not plain data: {exc}.")
+        if type(reply) is not dict:
+            raise CheckFailure("what came back from your answer is not a probe's reply.")
+        if "value" in reply:
+            return reply["value"]
+        if "raised" in reply and type(reply["raised"]) is dict:
+            raise AnswerRaised(reply["raised"])
+        if "unplain" in reply:
+            raise CheckFailure(f"{reply['unplain']}.")
+        if "missing" in reply:
+            raise AnswerMissing(str(reply["missing"]))
+        raise CheckFailure("what came back from your answer is not a probe's reply.")
+
+
+class AnswerMissing(Exception):
+    """The notebook binds no answer under the exercise's name."""
+
+
+class LocalAnswer(Answer):
+    """An answer object of this process behind the same plain-data boundary as the kernel's:
+    what the in-notebook self-check and the tests judge."""
+
+    def __init__(self, obj: Any, exercise_id: str, seed: int = 0):
+        super().__init__(exercise_id, seed)
+        self._obj = obj
+
+    def send(self, probe_name, args, kwargs) -> bytes:
+        args, kwargs = _probe.decode(_probe.encode((list(args), kwargs)))
+        return _probe.call(self._obj, probe_name, tuple(args), kwargs, self.seed)
+
+
+def judged_in_kernel(exercise_id: str) -> bool:
+    """Whether ``exercise_id``'s checks still take the answer object in the learner's kernel
+    (the lab table's ``judged_in_kernel``: an exercise not yet split into probe and judge),
+    rather than an :class:`Answer` handle in the grader's process."""
+    from grader.errors import GraderError
+    from grader.labs import load_lab
+
+    try:
+        return load_lab(exercise_id.split(".", 1)[0]).exercise(exercise_id).judged_in_kernel
+    except GraderError:
+        return False
 
 
 def run_checks(exercise_id: str, answer: Any, *, seed: int = 0, device: str = "cpu",
                hidden: bool = True) -> Verdict:
     """Run the checks of ``exercise_id`` on ``answer`` and return a Verdict; never raises for a
-    wrong or broken answer (only for a lab with no checks: LookupError). Without ``hidden``
-    (the learner's self-check) only the public checks run, numbered as the grader numbers
-    them: "check 2/6" is the same check in the notebook and in the grader's report."""
+    wrong or broken answer (only for a lab with no checks: LookupError). ``answer`` is an
+    :class:`Answer` handle, or the answer object itself, which is then judged through a
+    :class:`LocalAnswer` (for an exercise still ``judged_in_kernel``, it is passed as it is).
+    Without ``hidden`` (the learner's self-check) only the public checks run, numbered as the
+    grader numbers them: "check 2/6" is the same check in the notebook and in the grader's
+    report."""
     checks = checks_for(exercise_id, hidden=True)
+    kernel = judged_in_kernel(exercise_id)
+    if not kernel and not isinstance(answer, Answer):
+        answer = LocalAnswer(answer, exercise_id, seed)
     changed = state_changes()
     with torch_defaults():
         v = _run(exercise_id, checks, answer, seed, device, hidden)
@@ -403,20 +400,32 @@ def _run(exercise_id: str, every: list[Check], answer: Any, seed: int, device: s
     for done, chk in enumerate(checks):
         label = (f"{'hidden ' if chk.hidden else ''}check {done + 1}/{total} "
                  f"'{chk.name}' (seed {seed})")
+
+        def verdict(status: str, message: str) -> Verdict:
+            return Verdict(exercise_id, status, _clip(message), done, len(checks), seed)
+
         try:
-            with _seeded_rng(seed):
+            with seeded_rng(seed):
                 chk.fn(answer, ctx)
         except (CheckFailure, AssertionError) as exc:
-            return Verdict(exercise_id, "failed", _clip(f"{label} failed: {exc}"), done,
-                           len(checks), seed)
+            return verdict("failed", f"{label} failed: {exc}")
         except AnswerError as exc:
-            return Verdict(exercise_id, "error", _clip(f"{label}: {exc}"), done, len(checks),
-                           seed)
+            return verdict("error", f"{label}: {exc}")
+        except AnswerMissing as exc:
+            return verdict("error", f"`{exc}` is not defined: the answer cell of {exercise_id} "
+                           "is missing or raised before defining it.")
+        except AnswerRaised as exc:
+            if out_of_memory(exc.ename, exc.evalue):
+                return verdict("crashed", f"{label}: out of memory: your answer tried to allocate "
+                               f"more memory than the grader allows ({exc})")
+            return verdict("error", exc.message(exercise_id, label))
+        except ProbeLost:
+            raise  # the kernel timed out or died under a probe: the engine reports it
         except Exception as exc:  # reported without the check's source
             if out_of_memory(type(exc).__name__, str(exc)):
-                return Verdict(exercise_id, "crashed", _clip(
-                    f"{label}: out of memory: your answer tried to allocate more memory than the "
-                    f"grader allows ({type(exc).__name__}: {exc})"), done, len(checks), seed)
+                return verdict("crashed", f"{label}: out of memory: your answer tried to "
+                               f"allocate more memory than the grader allows "
+                               f"({type(exc).__name__}: {exc})")
             if isinstance(exc, NotImplementedError) and exc.args == (exercise_id,):
                 msg = (f"NotImplementedError: {exercise_id} is still the stub. Replace the "
                        f"`raise NotImplementedError(\"{exercise_id}\")` line with your answer.")
@@ -426,10 +435,15 @@ def _run(exercise_id: str, every: list[Check], answer: Any, seed: int, device: s
                        "missing).")
             else:
                 msg = _blame(exc, label)
-            return Verdict(exercise_id, "error", _clip(msg), done, len(checks), seed)
+            return verdict("error", msg)
     n = len(checks)
     which = "checks" if any(c.hidden for c in checks) else "public checks"
     message = (f"{n}/{n} checks passed (seed {seed})" if n == total else
                f"{n}/{n} {which} passed (seed {seed}); the grader also runs "
                f"{total - n} hidden check(s) on other inputs")
     return Verdict(exercise_id, "passed", message, n, n, seed)
+
+
+class ProbeLost(Exception):
+    """A probe could not finish in the learner's kernel (it hit the exercise's time limit, or
+    the kernel died): grading of the exercise stops, and the engine reports why."""

@@ -35,8 +35,9 @@ from papermill.engines import Engine, papermill_engines
 from traitlets import Int
 from traitlets.config import Config
 
-from grader import guard, notebook
-from grader.checks import explain, out_of_memory
+from grader import guard, notebook, probe
+from grader.checks import (Answer, AnswerError, CheckFailure, ProbeLost, explain,
+                           judged_in_kernel, out_of_memory, run_checks)
 from grader.sandbox import PACKER, Limits, kernel_env
 from grader.selfcheck import VERDICT_MIME
 
@@ -160,7 +161,7 @@ def _death(client, limits: Limits) -> str:
     return f"it was killed by signal {signal.Signals(sig).name}"
 
 
-class KernelLost(Exception):
+class KernelLost(ProbeLost):
     """The kernel died (status ``crashed``) or ignored an interrupt (``timeout``); either way
     it is replaced and the current exercise is lost."""
 
@@ -247,8 +248,8 @@ class GraderEngine(Engine):
     def execute_managed_notebook(cls, nb_man, kernel_name, *, timeouts: dict[str, float],
                                  on_outcome: Callable[[Outcome], None], workdir: Path,
                                  home: Path,
-                                 limits: Limits, key: bytes, input_name: str,
-                                 start_timeout=60, **kwargs):
+                                 limits: Limits, key: bytes, input_name: str, seed: int,
+                                 device: str, start_timeout=60, **kwargs):
         # papermill records its input there: here the assembled notebook itself, a second copy
         # of everything in the executed one; the submission's file name says what was graded
         nb_man.nb.metadata.papermill["input_path"] = input_name
@@ -259,13 +260,13 @@ class GraderEngine(Engine):
         try:
             return cls._execute(nb_man, kernel_name, timeouts=timeouts, on_outcome=on_outcome,
                                 workdir=workdir, home=home, limits=limits, key=key,
-                                start_timeout=start_timeout)
+                                start_timeout=start_timeout, seed=seed, device=device)
         finally:
             nb_man.save = save
 
     @classmethod
     def _execute(cls, nb_man, kernel_name, *, timeouts, on_outcome, workdir, home, limits, key,
-                 start_timeout):
+                 start_timeout, seed, device):
         interrupted: set[int] = set()
 
         def on_cell_error(cell, cell_index, execute_reply):
@@ -284,7 +285,7 @@ class GraderEngine(Engine):
             # folder, which holds only what the learner writes), not TCP on localhost
             config=Config(KernelManager={"transport": "ipc", "ip": str(home / "kernel")},
                           SandboxKernelManager={"memory": limits.memory, "cpu": limits.cpu}))
-        run = _Run(client, nb_man, timeouts, interrupted, limits, key)
+        run = _Run(client, nb_man, timeouts, interrupted, limits, key, seed, device, home)
         todo = parts(nb_man.nb)
         done, lost = 0, set()  # parts run so far; those among them that timed out or crashed
         while done < len(todo):
@@ -328,6 +329,9 @@ class _Run:
     interrupted: set[int]
     limits: Limits
     key: bytes
+    seed: int
+    device: str
+    home: Path
 
     def _execute(self, cell: NotebookNode, index: int) -> None:
         self.client.start_cell(index)
@@ -339,28 +343,18 @@ class _Run:
         start = time.monotonic()
         limit = self.timeouts.get(part.exercise, EPILOGUE_CELL_TIMEOUT)
         answer_errors: list[str] = []
+        judged = part.exercise is not None and not judged_in_kernel(part.exercise)
         for index in part.cells:
             cell = nb.cells[index]
+            if judged and notebook.role(cell) == "grade":
+                continue  # the judge runs the checks, below
             what = "your answer" if notebook.role(cell) == "answer" else (
                 "the checks" if notebook.role(cell) == "grade" else notebook.describe(cell))
-            late = (f"exceeded the time limit of {limit:g} s while running {what}; look for an "
-                    "endless loop or work that grows too fast with the input size.")
+            late = self._late(limit, what)
             remaining = limit - (time.monotonic() - start) if part.exercise else limit
             if remaining <= 0:
                 return Outcome(part.exercise, "timeout", late, time.monotonic() - start)
-            client.timeout = max(1, math.ceil(remaining))
-            self.nb_man.cell_start(cell, index)
-            try:
-                self._execute(cell, index)
-            except CellTimeoutError as exc:
-                raise _lost(cell, late + " The kernel ignored the interrupt and was replaced by "
-                            "a fresh one.", time.monotonic() - start, "timeout") from exc
-            except DeadKernelError as exc:
-                raise _lost(cell, f"the kernel died while running {what}: "
-                            f"{_death(client, self.limits)}. The rest of the lab was graded in a "
-                            "fresh kernel.", time.monotonic() - start) from exc
-            finally:
-                self.nb_man.cell_complete(cell, index)
+            self._run_cell(cell, index, remaining, late, start, what)
             if index in self.interrupted:
                 return Outcome(part.exercise, "timeout", late + " The kernel was interrupted and "
                                "grading went on.", time.monotonic() - start)
@@ -374,10 +368,12 @@ class _Run:
                 answer_errors.append(explain(*error))
             if error and notebook.role(cell) == "prologue":
                 raise RuntimeError(f"the grader's prologue failed: {error[0]}: {error[1]}")
-        duration = time.monotonic() - start
         if part.exercise is None:
-            return Outcome("", "passed", "", duration)
+            return Outcome("", "passed", "", time.monotonic() - start)
         grade_index = part.cells[-1]
+        if judged:
+            return self._judge(part.exercise, grade_index, start, limit, tuple(answer_errors))
+        duration = time.monotonic() - start
         verdict, forged = _verdict(nb.cells[grade_index], part.exercise, self.key)
         if verdict is None:
             error = _reply_error(client, grade_index)
@@ -390,6 +386,47 @@ class _Run:
                            duration, tuple(answer_errors))
         return Outcome(part.exercise, verdict["status"], verdict["message"], duration,
                        tuple(answer_errors))
+
+    @staticmethod
+    def _late(limit: float, what: str) -> str:
+        return (f"exceeded the time limit of {limit:g} s while running {what}; look for an "
+                "endless loop or work that grows too fast with the input size.")
+
+    def _run_cell(self, cell: NotebookNode, index: int, remaining: float, late: str,
+                  start: float, what: str) -> None:
+        """Execute ``cell`` as cell ``index`` within ``remaining`` seconds; KernelLost when the
+        kernel ignored the interrupt (saying ``late``) or died."""
+        self.client.timeout = max(1, math.ceil(remaining))
+        self.nb_man.cell_start(cell, index)
+        try:
+            self._execute(cell, index)
+        except CellTimeoutError as exc:
+            raise _lost(cell, late + " The kernel ignored the interrupt and was replaced by a "
+                        "fresh one.",
+                        time.monotonic() - start, "timeout") from exc
+        except DeadKernelError as exc:
+            raise _lost(cell, f"the kernel died while running {what}: "
+                        f"{_death(self.client, self.limits)}. The rest of the lab was graded in "
+                        "a fresh kernel.", time.monotonic() - start) from exc
+        finally:
+            self.nb_man.cell_complete(cell, index)
+
+    def _judge(self, exercise: str, grade_index: int, start: float, limit: float,
+               answer_errors: tuple[str, ...]) -> Outcome:
+        """Run every check of ``exercise`` here, in the grader's process, each probe of the
+        answer in the kernel (:class:`_KernelAnswer`); the verdict is shown in the grade cell
+        of the executed notebook."""
+        cell = self.nb_man.nb.cells[grade_index]
+        answer = _KernelAnswer(self, exercise, grade_index, start, limit)
+        try:
+            v = run_checks(exercise, answer, seed=self.seed, device=self.device, hidden=True)
+        except _Interrupted:
+            return Outcome(exercise, "timeout", self._late(limit, "the checks") + " The kernel "
+                           "was interrupted and grading went on.", time.monotonic() - start,
+                           answer_errors)
+        cell.outputs = [v4.new_output("display_data", data={
+            "text/plain": f"{exercise}: {v.status} (judged by the grader)\n{v.message}"})]
+        return Outcome(exercise, v.status, v.message, time.monotonic() - start, answer_errors)
 
     def replay(self, done: list[Part], lost: set[int]) -> None:
         """Re-run earlier parts in a fresh kernel, on copies, so later exercises find the state
@@ -407,6 +444,57 @@ class _Run:
                     self._execute(cell, index)
                 except (CellTimeoutError, DeadKernelError):
                     return
+
+
+class _Interrupted(ProbeLost):
+    """A probe ran past the exercise's time limit; the kernel was interrupted and lives on."""
+
+
+class _KernelAnswer(Answer):
+    """The learner's answer in the kernel, as the judge calls it: each probe is a request file
+    (plain data), a cell that runs :func:`grader.probe.serve` on it in the kernel, within what
+    is left of the exercise's time limit, and a reply file read back as plain data (run
+    folder's ``home/probe``, outside the kernel's working folder). The probe cell's own output
+    (whatever the answer prints) is not kept."""
+
+    def __init__(self, run: _Run, exercise: str, index: int, start: float, limit: float):
+        from grader.labs import load_lab
+
+        super().__init__(exercise, run.seed)
+        self.run, self.index, self.start, self.limit = run, index, start, limit
+        self.name = load_lab(exercise.split(".", 1)[0]).exercise(exercise).answer
+        self.folder = run.home / "probe"
+        self.folder.mkdir(exist_ok=True)
+        self.count = 0
+
+    def send(self, probe_name, args, kwargs) -> bytes:
+        self.count += 1
+        request = self.folder / f"{self.count}.request"
+        reply = self.folder / f"{self.count}.reply"
+        reply.unlink(missing_ok=True)
+        request.write_bytes(probe.encode({
+            "answer": self.name, "probe": probe_name, "args": list(args), "kwargs": kwargs,
+            "seed": self.seed, "reply": str(reply)}))
+        cell = copy.deepcopy(self.run.nb_man.nb.cells[self.index])
+        cell.source = f"__import__('grader.probe').probe.serve({str(request)!r})"
+        remaining = self.limit - (time.monotonic() - self.start)
+        if remaining <= 0:
+            raise _Interrupted()
+        late = self.run._late(self.limit, "the checks")
+        self.run._run_cell(cell, self.index, remaining, late, self.start, "the checks")
+        if self.index in self.run.interrupted:
+            raise _Interrupted()
+        if not reply.is_file():
+            error = _reply_error(self.run.client, self.index)
+            detail = f"{error[0]}: {error[1]}" if error else "no reply"
+            raise AnswerError(f"the grader's probe could not run in your kernel ({detail}): "
+                              "answers must not modify the grader or torch's own modules.")
+        if reply.stat().st_size > probe.MAX_REPLY_BYTES:
+            raise CheckFailure(f"what came back from your answer is larger than "
+                               f"{probe.MAX_REPLY_BYTES} bytes.")
+        data = reply.read_bytes()
+        reply.unlink()
+        return data
 
 
 papermill_engines.register("grader", GraderEngine)

@@ -251,7 +251,7 @@ def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *
                 parameters={"device": device, "seed": seed, "torch_policy": torch_policy},
                 engine_name="grader", kernel_name="python3", progress_bar=False, cwd=str(work),
                 on_outcome=record, timeouts=timeouts, workdir=work, home=home, limits=limits,
-                key=secrets.token_bytes(32), input_name=path.name)
+                key=secrets.token_bytes(32), input_name=path.name, seed=seed, device=device)
         except PapermillExecutionError:
             pass  # some cell raised: each exercise's outcome already says what that cost
         except Exception as exc:  # the kernel could not start, the output could not be written...

@@ -32,7 +32,10 @@ class Exercise:
     --allow-torch-mismatch``) marks its result (``version_caveat``); ``withheld``: how many
     of its hidden checks this copy of the course does not have (a learner's copy: ``grader dist
     student`` writes it; 0 in the course itself), so checks are still numbered as the
-    instructor's grader numbers them.
+    instructor's grader numbers them; ``judged_in_kernel``: its checks still take the answer
+    object and run in the learner's kernel, sealed by the guard (:mod:`grader.guard`), because
+    they are not yet split into probes and judges (``grader.checks``); such a verdict is one a
+    learner can forge, and the result says so.
     """
 
     id: str
@@ -43,6 +46,7 @@ class Exercise:
     timeout: float = 120.0
     pinned_behaviour: bool = False
     withheld: int = 0
+    judged_in_kernel: bool = False
 
     def unmet(self, device: str) -> str | None:
         """Why this exercise cannot run on ``device`` (``cpu``/``cuda``) here; None if it can."""
@@ -136,6 +140,7 @@ def load_lab(lab_id: str) -> Lab:
                 timeout=float(e.get("timeout", 120)),
                 pinned_behaviour=_flag(e.get("pinned_behaviour", False)),
                 withheld=int(e.get("withheld", 0)),
+                judged_in_kernel=_flag(e.get("judged_in_kernel", False)),
             )
             for e in raw["exercises"]
         )

@@ -35,7 +35,8 @@ def test_release_as_submission_runs_release_cells_with_grade_cells_for_self_chec
                               "grade-toy-mul", "gpu-md", "gpu-answer", "grade-toy-gpu", "outro",
                               "progress-end"]
     grade = _cell(built.nb, "grade-toy-add")
-    assert "_grade('toy.add', seed=7, device='cpu')" in grade.source
+    assert grade.source == ("# toy.add is judged by the grader, in its own process: its probes "
+                            "run here")
     assert "_arm('toy')" in _cell(built.nb, "grader-prologue").source
     assert built.missing == [] and built.edited == []
 

@@ -142,13 +142,20 @@ def test_checks_draw_from_a_seeded_fork_of_the_global_rng():
     assert torch.equal(DRAWN[0], DRAWN[1]) and not torch.equal(DRAWN[0], DRAWN[2])
 
 
+def _in_state(fn):
+    """An answer that reports the global state it runs under, with its value."""
+    return lambda x: (torch.is_grad_enabled(), torch.get_default_dtype(),
+                      torch.are_deterministic_algorithms_enabled(), fn(x))
+
+
 @check("toy.state-probe")
-def backward_of_a_square(answer, ctx):
-    """differentiates x**2 with the answer's help"""
-    x = torch.tensor([3.0], requires_grad=True)
-    (grad,) = torch.autograd.grad(answer(x), x)
-    if grad.dtype != torch.float32 or grad.item() != 6.0:
-        raise CheckFailure(f"expected a float32 gradient of 6, got {grad}")
+def square_under_defaults(answer, ctx):
+    """squares x under torch's defaults"""
+    grad_mode, dtype, deterministic, y = answer(torch.tensor([3.0]))
+    if (grad_mode, dtype, deterministic) != (True, torch.float32, False):
+        raise CheckFailure(f"the answer ran under {grad_mode}, {dtype}, {deterministic}")
+    if y.dtype != torch.float32 or y.item() != 9.0:
+        raise CheckFailure(f"expected a float32 9, got {y}")
 
 
 def test_checks_run_under_torchs_defaults_whatever_the_notebook_set():
@@ -162,7 +169,7 @@ def test_checks_run_under_torchs_defaults_whatever_the_notebook_set():
     torch.use_deterministic_algorithms(True)
     mode.__enter__()  # left active, as a learner's cell can leave it
     try:
-        v = run_checks("toy.state-probe", lambda x: x ** 2)
+        v = run_checks("toy.state-probe", _in_state(lambda x: x ** 2))
         left = (torch.is_grad_enabled(), torch.get_default_dtype(),
                 torch.are_deterministic_algorithms_enabled())
     finally:
@@ -178,11 +185,12 @@ def test_a_failure_under_a_changed_state_says_which_state_the_notebook_changed()
     with torch.no_grad():
         assert state_changes() == ["grad mode is off (torch.set_grad_enabled(False), or "
                                    "torch.no_grad() entered and not left)"]
-        v = run_checks("toy.state-probe", lambda x: x ** 3)
-    assert v.status == "failed" and "expected a float32 gradient of 6" in v.message
+        v = run_checks("toy.state-probe", _in_state(lambda x: x ** 3))
+    assert v.status == "failed" and "expected a float32 9" in v.message
     assert "your notebook had changed torch's global state (grad mode is off" in v.message
     assert len(v.message) <= 1200
-    assert "global state" not in run_checks("toy.state-probe", lambda x: x ** 3).message
+    assert "global state" not in run_checks("toy.state-probe",
+                                            _in_state(lambda x: x ** 3)).message
 
 
 @pytest.mark.parametrize("ename, evalue, phrase", [

@@ -1,22 +1,19 @@
-"""What the checks of exercises 2-4 share: run the learner's allocator class and the reference
-model (``labs.allocator.model``, itself checked against the real allocator) side by side over one
-trace, on two :class:`SimulatedGPU`s, and stop at the first step where they differ, saying what
-differs in the learner's terms (which block best fit was owed, which split or merge is missing).
+"""What the judges of exercises 2-4 share: the learner's allocator class replays a trace in the
+kernel (the probe :func:`labs.allocator.probes.replay`, which reports every step as plain data),
+the reference model (``labs.allocator.model``, itself checked against the real allocator)
+replays it here on a :class:`SimulatedGPU` of its own, and :func:`compare` stops at the first
+step where they differ, saying what differs in the learner's terms (which block best fit was
+owed, which split or merge is missing).
 """
 
 from __future__ import annotations
 
-import contextlib
-import sys
 from collections import Counter
-from pathlib import Path
 
-from grader.checks import CheckFailure, exact
-from labs.allocator import model
+from grader.checks import AnswerRaised, CheckFailure, exact
+from labs.allocator import model, probes
 from labs.allocator.gpu import DeviceOutOfMemory, SimulatedGPU
 
-#: what a learner's code may not call: the reference model and the checks (the oracles)
-_ORACLES = (model.__file__, str(Path(__file__).parent))
 _STATES = (model.ALLOCATED, model.PENDING_FREE, model.INACTIVE)
 
 
@@ -33,27 +30,23 @@ def story(trace: list[tuple], upto: int, last: int = 6) -> str:
     return ("... " if first else "") + "; ".join(lines)
 
 
-@contextlib.contextmanager
-def no_reference():
-    """Fail the check if the learner's code calls into the lab's reference model or its checks
-    (they are the oracle: an answer that delegates to them proves nothing)."""
-    called = []
+def refuse_oracle(called: list) -> None:
+    """Fail when the learner's code called into the lab's reference model or its checks (a
+    probe's ``oracle`` observation: they are the oracle, and an answer that delegates to them
+    proves nothing)."""
+    if called:
+        raise CheckFailure(
+            f"your answer calls the lab's own model or checks ({called[0]}). Build the "
+            "mechanism yourself: they are the oracle the checks compare you with.")
 
-    def profile(frame, event, arg):
-        name = frame.f_code.co_filename
-        if event == "call" and name.startswith(_ORACLES) and name != __file__:
-            called.append(f"{Path(frame.f_code.co_filename).stem}.{frame.f_code.co_name}")
 
-    previous = sys.getprofile()
-    sys.setprofile(profile)
-    try:
-        yield
-    finally:
-        sys.setprofile(previous)
-        if called:
-            raise CheckFailure(
-                f"your answer calls the lab's own model or checks ({called[0]}). Build the "
-                "mechanism yourself: they are the oracle the checks compare you with.")
+def replayed(cls, trace: list[tuple], capacity: int, max_split_size: int | None) -> dict:
+    """What :func:`labs.allocator.probes.replay` saw of the learner's allocator class on
+    ``trace`` (the oracle observation refused first)."""
+    seen = cls.probe(probes.replay, [list(op) for op in trace], capacity, max_split_size)
+    exact(seen, dict, "what the replay of your allocator gave")
+    refuse_oracle(seen["oracle"])
+    return seen
 
 
 def plain_snapshot(value, what: str = "snapshot()") -> list[dict]:
@@ -91,14 +84,16 @@ def plain_snapshot(value, what: str = "snapshot()") -> list[dict]:
     return out
 
 
-def invariants(segs: list[dict], gpu: SimulatedGPU, live: dict[int, int], where: str) -> None:
-    """What must hold of any caching allocator's state, whatever its policy."""
+def invariants(segs: list[dict], segments: dict[int, int], live: dict[int, int], where: str
+               ) -> None:
+    """What must hold of any caching allocator's state, whatever its policy (``segments``: the
+    GPU's live cudaMalloc'ed ranges, address -> bytes)."""
     if [s["address"] for s in segs] != sorted(s["address"] for s in segs):
         raise CheckFailure(f"{where}: snapshot() must list segments in address order.")
     have = {s["address"]: s["total_size"] for s in segs}
-    if have != gpu.segments():
-        extra = sorted(set(have.items()) - set(gpu.segments().items()))
-        missing = sorted(set(gpu.segments().items()) - set(have.items()))
+    if have != segments:
+        extra = sorted(set(have.items()) - set(segments.items()))
+        missing = sorted(set(segments.items()) - set(have.items()))
         raise CheckFailure(
             f"{where}: your snapshot's segments are not the memory you cudaMalloc'ed: "
             + (f"segment(s) at {', '.join(hex(a) for a, _ in extra)} were not cudaMalloc'ed "
@@ -136,13 +131,12 @@ def _locate(segs: list[dict], ptr: int) -> str:
 
 def compare(cls, trace: list[tuple], *, capacity: int = 2 * model.GiB,
             max_split_size: int | None = None, coalesce: bool = True,
-            label: str = "a trace") -> None:
-    """Replay ``trace`` through ``cls(gpu, max_split_size=...)`` and the reference model side by
-    side; raise CheckFailure at the first step where the address returned, the cudaMalloc /
+            label: str = "a trace", seen: dict | None = None) -> None:
+    """Replay ``trace`` through ``cls(gpu, max_split_size=...)`` in the kernel (or take ``seen``,
+    :func:`replayed`'s report of it) and through the reference model here; raise CheckFailure at the first step where the address returned, the cudaMalloc /
     cudaFree calls, or the segments and blocks differ."""
-    mine_gpu, ref_gpu = SimulatedGPU(capacity), SimulatedGPU(capacity)
-    with no_reference():
-        mine = cls(mine_gpu, max_split_size=max_split_size)
+    ref_gpu = SimulatedGPU(capacity)
+    seen = seen or replayed(cls, trace, capacity, max_split_size)
     ref = model.CachingAllocatorModel(ref_gpu, max_split_size=max_split_size, coalesce=coalesce)
     setting = "" if max_split_size is None else f", max_split_size={size(max_split_size)}"
     if not coalesce:
@@ -151,12 +145,21 @@ def compare(cls, trace: list[tuple], *, capacity: int = 2 * model.GiB,
     ref_live: dict[int, int] = {}
     for step, op in enumerate(trace, 1):
         where = f"on {label} (capacity {size(capacity)}{setting}), after step {step}"
+        if step > len(seen["steps"]):
+            if seen["raised"]:
+                raise AnswerRaised(seen["raised"])
+            raise CheckFailure(f"{where}: the replay of your allocator stopped early.")
+        mine = seen["steps"][step - 1]
         before_ref = ref.snapshot()
-        n_ref, n_mine = len(ref_gpu.log), len(mine_gpu.log)
+        n_ref = len(ref_gpu.log)
         ref_result = apply_op(ref, ref_gpu, op, ref_live)
-        mine_result = apply_op(mine, mine_gpu, op, mine_live, learner=True)
+        mine_result = mine["result"]
+        if op[0] == "malloc" and mine_result != "oom":
+            mine_live[op[1]] = mine_result
+        elif op[0] == "free":
+            mine_live.pop(op[1], None)
         context = f" Steps so far: {story(trace, step)}."
-        if isinstance(ref_result, DeviceOutOfMemory) != isinstance(mine_result, DeviceOutOfMemory):
+        if isinstance(ref_result, DeviceOutOfMemory) != (mine_result == "oom"):
             if isinstance(ref_result, DeviceOutOfMemory):
                 raise CheckFailure(
                     f"{where}: the real allocator runs out of memory here ({ref_result}), but "
@@ -164,7 +167,7 @@ def compare(cls, trace: list[tuple], *, capacity: int = 2 * model.GiB,
             raise CheckFailure(
                 f"{where}: your malloc raised DeviceOutOfMemory, but the real allocator finds "
                 f"memory for it ({_locate(ref.snapshot(), ref_result)})." + context)
-        segs_mine = plain_snapshot(call(mine, "snapshot"))
+        segs_mine = plain_snapshot(mine["snapshot"])
         if op[0] == "malloc" and not isinstance(ref_result, DeviceOutOfMemory):
             exact(mine_result, int, f"the address malloc returned at step {step}")
             owner = next((s for s in segs_mine
@@ -175,11 +178,10 @@ def compare(cls, trace: list[tuple], *, capacity: int = 2 * model.GiB,
                     f"stream {owner['stream']}. Cached blocks are reused only by requests on the "
                     "stream they were allocated on (pools are ordered by stream first)." + context)
         calls_ref = Counter(c for c in ref_gpu.log[n_ref:] if c[0] in ("cudaMalloc", "cudaFree"))
-        calls_mine = Counter(c for c in mine_gpu.log[n_mine:]
-                             if c[0] in ("cudaMalloc", "cudaFree"))
+        calls_mine = Counter(tuple(c) for c in mine["calls"])
         if calls_ref != calls_mine:
             raise CheckFailure(f"{where}: {_calls(calls_mine, calls_ref)}" + context)
-        invariants(segs_mine, mine_gpu, mine_live, where)
+        invariants(segs_mine, mine["segments"], mine_live, where)
         segs_ref = [_reduce(s) for s in ref.snapshot()]
         if op[0] == "malloc" and mine_result != ref_result and isinstance(ref_result, int):
             why = _why_block(before_ref, op, model.round_size(op[2]), max_split_size)
@@ -196,32 +198,26 @@ def compare(cls, trace: list[tuple], *, capacity: int = 2 * model.GiB,
             raise CheckFailure(f"{where}: {_diff(segs_mine, segs_ref, coalesce)}" + context)
 
 
-def call(obj, name: str, *args):
-    """``obj.<name>(*args)`` for a learner's object; refused if it calls the lab's oracles."""
-    with no_reference():
-        return getattr(obj, name)(*args)
-
-
-def apply_op(allocator, gpu, op, live, learner: bool = False):
-    """One op of the trace (as ``model.replay`` runs it); returns what malloc returned/raised."""
+def apply_op(allocator, gpu, op, live):
+    """One op of the trace through the reference model (as ``model.replay`` runs it); returns
+    what malloc returned or raised."""
     kind = op[0]
-    run = call if learner else (lambda obj, name, *args: getattr(obj, name)(*args))
     if kind == "malloc":
         try:
-            result = run(allocator, "malloc", op[2], op[3])
+            result = allocator.malloc(op[2], op[3])
         except DeviceOutOfMemory as exc:
             return exc
         live[op[1]] = result
         return result
     if kind == "free" and op[1] in live:
-        run(allocator, "free", live.pop(op[1]))
+        allocator.free(live.pop(op[1]))
     elif kind == "use" and op[1] in live:
         gpu.launch(op[2])
-        run(allocator, "record_stream", live[op[1]], op[2])
+        allocator.record_stream(live[op[1]], op[2])
     elif kind == "sync":
         gpu.synchronize(op[1])
     elif kind == "empty_cache":
-        run(allocator, "empty_cache")
+        allocator.empty_cache()
     return None
 
 

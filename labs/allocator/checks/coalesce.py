@@ -11,10 +11,9 @@ from grader.checks import CheckFailure, check
 from labs.allocator import model
 from labs.allocator.checks._harness import (
     apply_op,
-    call,
     compare,
-    no_reference,
     plain_snapshot,
+    replayed,
     size,
     story,
 )
@@ -37,33 +36,32 @@ def unmerged(segments: list[dict]) -> bool:
                for s in segments for a, b in zip(s["blocks"], s["blocks"][1:]))
 
 
-def _steps(allocator, gpu, trace, learner: bool) -> list[tuple[bool, bool, tuple[int, int]]]:
-    """(out of memory?, a missed merge?, fragmentation) after each step, as far as the allocator
-    gets."""
-    steps, live = [], {}
-    try:
-        for op in trace:
-            result = apply_op(allocator, gpu, op, live, learner=learner)
-            segments = plain_snapshot(call(allocator, "snapshot") if learner
-                                      else allocator.snapshot())
-            steps.append((isinstance(result, DeviceOutOfMemory), unmerged(segments),
-                          fragmentation(segments)))
-    except CheckFailure:
-        raise
-    except Exception:  # reported by compare, at its step, with the learner's line
-        pass
+def _steps(snapshots: list, ooms: list[bool]) -> list[tuple[bool, bool, tuple[int, int]]]:
+    """(out of memory?, a missed merge?, fragmentation) after each step, from the snapshots
+    after each step, as far as they are well-formed."""
+    steps = []
+    for snap, oom in zip(snapshots, ooms):
+        try:
+            segments = plain_snapshot(snap)
+        except CheckFailure:
+            break  # reported by compare, at its step
+        steps.append((oom, unmerged(segments), fragmentation(segments)))
     return steps
 
 
 def _figures(cls, trace, capacity, max_split_size, label):
     """Find a missed merge first (a message in terms of fragmentation), then compare everything
     step by step with compare."""
-    mine_gpu, ref_gpu = SimulatedGPU(capacity), SimulatedGPU(capacity)
-    with no_reference():
-        mine = cls(mine_gpu, max_split_size=max_split_size)
+    seen = replayed(cls, trace, capacity, max_split_size)
+    steps_mine = _steps([s["snapshot"] for s in seen["steps"]],
+                        [s["result"] == "oom" for s in seen["steps"]])
+    ref_gpu = SimulatedGPU(capacity)
     ref = model.CachingAllocatorModel(ref_gpu, max_split_size=max_split_size)
-    steps_mine = _steps(mine, mine_gpu, trace, learner=True)
-    steps_ref = _steps(ref, ref_gpu, trace, learner=False)
+    snaps, ooms, live = [], [], {}
+    for op in trace:
+        ooms.append(isinstance(apply_op(ref, ref_gpu, op, live), DeviceOutOfMemory))
+        snaps.append(ref.snapshot())
+    steps_ref = _steps(snaps, ooms)
     for step, ((oom_a, missed, a), (oom_b, _, b)) in enumerate(zip(steps_mine, steps_ref), 1):
         if oom_a != oom_b or (a != b and not missed):
             break  # not a merging mistake: compare says what differs
@@ -74,7 +72,8 @@ def _figures(cls, trace, capacity, max_split_size, label):
                 f"{size(a[1])} in your allocator; the real allocator has {size(b[0])} and "
                 f"{size(b[1])}. A freed block merges with each free neighbour in its segment. "
                 f"Steps so far: {story(trace, step)}.")
-    compare(cls, trace, capacity=capacity, max_split_size=max_split_size, label=label)
+    compare(cls, trace, capacity=capacity, max_split_size=max_split_size, label=label,
+            seen=seen)
 
 
 @check(EXERCISE)

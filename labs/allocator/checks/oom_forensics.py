@@ -11,7 +11,8 @@ import random
 
 from grader.checks import CheckFailure, check, exact
 from labs.allocator import model
-from labs.allocator.checks._harness import no_reference, size
+from labs.allocator import probes
+from labs.allocator.checks._harness import refuse_oracle, size
 from labs.allocator.gpu import DeviceOutOfMemory, SimulatedGPU
 from labs.allocator.traces import FRAGMENTED
 
@@ -92,9 +93,9 @@ _WHAT = {
 
 def _verify(oom_forensics, case: tuple[dict, dict], label: str) -> None:
     snapshot, want = case
-    given = copy.deepcopy(snapshot)
-    with no_reference():
-        got = oom_forensics(given)
+    seen = oom_forensics.probe(probes.forensics, snapshot)
+    refuse_oracle(seen["oracle"])
+    got = seen["result"]
     exact(got, dict, "the value oom_forensics returned")
     missing = [k for k in KEYS if k not in got]
     if missing:
@@ -112,7 +113,7 @@ def _verify(oom_forensics, case: tuple[dict, dict], label: str) -> None:
             raise CheckFailure(
                 f"on {label}, {key!r} is {fmt(value)}; it should be {fmt(want[key])}: "
                 f"{_WHAT[key]}.")
-    if given != snapshot:
+    if seen["modified"]:
         raise CheckFailure("oom_forensics modified the snapshot it was given; read it only.")
 
 

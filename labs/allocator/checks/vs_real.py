@@ -5,12 +5,12 @@ compared with it, predict the real allocator)."""
 
 from __future__ import annotations
 
-import gc
 import random
 
 from grader.checks import CheckFailure, check, exact
 from labs.allocator import model
-from labs.allocator.checks._harness import no_reference, size, story
+from labs.allocator import probes
+from labs.allocator.checks._harness import refuse_oracle, size, story
 from labs.allocator.gpu import SimulatedGPU
 
 EXERCISE = "allocator.vs-real"
@@ -28,24 +28,14 @@ def predicted(trace: list[tuple]) -> list[dict]:
 
 
 def _verify(replay_on_cuda, trace: list[tuple], label: str) -> None:
-    import torch
-
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    if torch.cuda.memory_reserved() != 0:
+    seen = replay_on_cuda.probe(probes.on_cuda, [list(op) for op in trace])
+    if seen["reserved"]:
         raise CheckFailure(
-            f"{size(torch.cuda.memory_reserved())} of CUDA memory is still reserved after "
+            f"{size(seen['reserved'])} of CUDA memory is still reserved after "
             "empty_cache(): some CUDA tensor of the notebook is alive. Delete it (del t) before "
             "this check, so the replay starts from an empty allocator.")
-    torch.cuda.memory._record_memory_history(max_entries=1_000_000)
-    try:
-        with no_reference():
-            got = replay_on_cuda(list(trace))
-        events = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
-    finally:
-        torch.cuda.memory._record_memory_history(enabled=None)
-    allocations = sum(e["action"] == "alloc" for e in events)
+    refuse_oracle(seen["oracle"])
+    got, allocations = seen["result"], seen["allocations"]
     mallocs = sum(op[0] == "malloc" for op in trace)
     if allocations < mallocs:
         raise CheckFailure(
@@ -62,8 +52,6 @@ def _verify(replay_on_cuda, trace: list[tuple], label: str) -> None:
                 raise CheckFailure(
                     f"on {label}, after step {step}, {key} is {stats.get(key)} on the GPU and "
                     f"{want[key]} in the model. Steps so far: {story(trace, step)}.")
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
 
 
 @check(EXERCISE)

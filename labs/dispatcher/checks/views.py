@@ -22,7 +22,8 @@ from __future__ import annotations
 import random
 from fractions import Fraction
 
-from grader.checks import CheckFailure, check, exact, learner_line
+from grader.checks import AnswerRaised, CheckFailure, check, exact
+from labs.dispatcher import probes
 
 EXERCISE = "dispatcher.views"
 MAX_DIMS = 6
@@ -239,43 +240,27 @@ def _normalize(entry, i: int, op):
     return parts[0], parts[1], offset, shares
 
 
-def _spy_mode():
-    """A dispatch mode that records the aten ops run while it is active."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Spy(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
-
-    return Spy()
-
-
 def compare(view_geometry, shape, ops, where: str, want=None) -> None:
     """Run the answer on (shape, ops) and compare, op by op, with ``want`` (torch's geometry on a
     real tensor of ``shape`` when None; the extrapolated one of a shape beyond int64 otherwise)."""
     huge = want is not None
     want = torch_geometry(shape, ops) if want is None else want
-    with _spy_mode() as spy:
-        try:
-            got = view_geometry(tuple(shape), [tuple(op) for op in ops])
-        except Exception as exc:
-            if not huge:
-                raise
-            first = (str(exc).strip().splitlines() or [""])[0][:200]
-            raise CheckFailure(
-                f"on {where}, view_geometry raised {type(exc).__name__}: {first}"
-                f"{learner_line(exc)}. The shape {tuple(shape)} has sizes above 2**64: no tensor "
-                "can have them, not even on the meta device (torch keeps sizes and strides in "
-                "64-bit ints), so its geometry can only come from your own integer arithmetic, "
-                "which Python does exactly at any size.") from None
-    if spy.ops:
+    try:
+        seen = view_geometry.probe(probes.geometry, list(shape), [list(op) for op in ops])
+    except AnswerRaised as exc:
+        if not huge:
+            raise
+        first = (exc.evalue.strip().splitlines() or [""])[0][:200]
         raise CheckFailure(
-            f"view_geometry called torch operators ({', '.join(sorted(set(spy.ops))[:4])}). Compute "
+            f"on {where}, view_geometry raised {exc.ename}: {first}"
+            f"{exc.record.get('where', '')}. The shape {tuple(shape)} has sizes above 2**64: no "
+            "tensor can have them, not even on the meta device (torch keeps sizes and strides in "
+            "64-bit ints), so its geometry can only come from your own integer arithmetic, "
+            "which Python does exactly at any size.") from None
+    got, ran = seen["got"], seen["ops"]
+    if ran:
+        raise CheckFailure(
+            f"view_geometry called torch operators ({', '.join(sorted(set(ran))[:4])}). Compute "
             "sizes, strides and offsets with integer arithmetic on Python tuples, without making "
             "tensors: that arithmetic is what the view kernels do.")
     if isinstance(got, (list, tuple)):             # a subclass could lie about its length or items

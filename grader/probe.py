@@ -1,0 +1,351 @@
+"""The probe side of a check: what runs in the learner's kernel when an answer is judged.
+
+A check (``labs/<lab>/checks``) is a *judge*: it runs in the grader's own process, chooses the
+inputs, computes torch's answer and decides. Whenever it needs the learner's answer it asks the
+kernel for a *probe*: a call of the answer (``answer(*args)``) or of a public probe function of
+the lab (``answer.probe(fn, *args)``, ``fn`` defined with :func:`probe` in
+``labs/<lab>/probes.py``, which builds inputs no plain data can carry, such as an autograd
+graph, and reduces what the answer did to plain data). Both directions carry *plain data* only
+(:func:`plain`): ``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes``,
+``list``, ``tuple``, ``dict``, plain ``torch.Tensor``, ``torch.Size``, ``torch.dtype`` and
+``torch.device``, in ``torch.save``'s format and read back with ``weights_only=True``: no code,
+no object that could lie about its value. What the answer raised travels as a plain record.
+
+This module imports nothing from the judge side: the learner's kernel holds no check it is
+graded by, no expected value and no key. :func:`call` is the probe itself (the judge calls it
+in-process for a self-check or a test, and :func:`serve` in the kernel when grading), so both
+paths run the same code and give the same verdict.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import pickle
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+#: the most bytes a probe's reply may take (a larger one is refused as not plain data)
+MAX_REPLY_BYTES = 64 << 20
+#: probe functions by "module:name"
+_PROBES: dict[str, Callable] = {}
+
+
+def probe(fn: Callable) -> Callable:
+    """Register ``fn(answer, *args) -> plain data`` as a probe. Probes live in
+    ``labs/<lab>/probes.py``, which every copy of the course ships (the learner's kernel runs
+    them); a probe builds what the answer needs, calls it, and returns what it observed as plain
+    data, never a verdict."""
+    if not fn.__module__.startswith("labs.") or not fn.__module__.endswith(".probes"):
+        raise ValueError(f"probe {fn.__qualname__} is in {fn.__module__}: probes live in "
+                         "labs/<lab>/probes.py")
+    _PROBES[name_of(fn)] = fn
+    return fn
+
+
+def name_of(fn: Callable) -> str:
+    """A probe's registered name: ``module:qualname``."""
+    return f"{fn.__module__}:{fn.__qualname__}"
+
+
+def _lookup(name: str) -> Callable:
+    import importlib
+
+    module = name.partition(":")[0]
+    if module.startswith("labs.") and module.endswith(".probes"):
+        importlib.import_module(module)
+    if name not in _PROBES:
+        raise LookupError(f"no probe {name!r} (probes live in labs/<lab>/probes.py)")
+    return _PROBES[name]
+
+
+# --------------------------------------------------------------------------- plain data
+_SCALARS = (type(None), bool, int, float, complex, str, bytes)
+
+
+def plain(value: Any, what: str = "the value") -> str:
+    """``""`` when ``value`` is plain data (see the module's docstring), else what is not, in
+    words (``"result[2]['a'] is a LyingStr, a subclass of str"``). Types must be exact: a
+    subclass can override ``__eq__`` or ``__torch_function__`` to lie about its contents."""
+    torch = sys.modules.get("torch")  # (no tensor exists where torch was never imported)
+    tensors = (torch.Tensor, torch.nn.Parameter) if torch else ()
+    others = (torch.dtype, torch.device, torch.Size) if torch else ()
+    stack = [(value, what)]
+    seen = 0
+    while stack:
+        v, at = stack.pop()
+        seen += 1
+        if seen > 1_000_000:
+            return f"{what} holds more than a million values"
+        t = type(v)
+        if t in _SCALARS or t in others:
+            continue
+        if t in (list, tuple):
+            stack.extend((x, f"{at}[{i}]") for i, x in enumerate(v))
+        elif t is dict:
+            for k, x in v.items():
+                if type(k) not in (str, int, bool, tuple, float, type(None)):
+                    return f"a key of {at} is a {type(k).__name__}: use str or int keys"
+                stack.append((x, f"{at}[{k!r}]"))
+        elif t in tensors:
+            if v.layout != torch.strided or v.is_quantized or v.device.type == "meta":
+                return f"{at} is a {v.layout} tensor on {v.device}: return a dense tensor"
+        else:
+            base = next((b for b in (*_SCALARS[1:], list, tuple, dict, *tensors[:1])
+                         if isinstance(v, b)), None)
+            sub = f", a subclass of {base.__name__}" if base is not None else ""
+            return f"{at} is a {t.__qualname__}{sub}: return plain data ({_PLAIN_WORDS})"
+    return ""
+
+
+_PLAIN_WORDS = ("None, bool, int, float, str, list, tuple, dict, or a plain torch.Tensor, "
+                "torch.Size, dtype or device")
+
+
+def _detached(value: Any) -> Any:
+    """``value`` with every tensor detached, moved to the CPU and made contiguous (what the
+    judge compares is the value, not the graph or the storage it lives in)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and type(value) in (torch.Tensor, torch.nn.Parameter):
+        return value.detach().to("cpu").contiguous().clone()
+    if type(value) in (list, tuple):
+        return type(value)(_detached(x) for x in value)
+    if type(value) is dict:
+        return {k: _detached(x) for k, x in value.items()}
+    return value
+
+
+def encode(value: Any) -> bytes:
+    """``value`` (plain data) as bytes: in ``torch.save``'s format when torch is loaded (tensors
+    need it), else as a pickle of Python's own containers and scalars (a kernel of a lab that
+    never imports torch does not load it to answer)."""
+    if "torch" not in sys.modules:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(value, buf)
+    return buf.getvalue()
+
+
+class _NoGlobals(pickle.Unpickler):
+    """An unpickler that builds no object but Python's containers and scalars: it refuses to
+    look up any class or function (the ``pickle`` documentation's *Restricting Globals*)."""
+
+    def find_class(self, module, name):
+        if (module, name) == ("builtins", "complex"):
+            return complex
+        raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
+
+
+def decode(data: bytes) -> Any:
+    """Plain data back from :func:`encode`'s bytes: ``torch.load(weights_only=True)`` for
+    torch's format (which builds no object but plain containers and tensors), :class:`_NoGlobals`
+    for a pickle. Raises ValueError when ``data`` is larger than :data:`MAX_REPLY_BYTES` or not
+    plain data."""
+    if len(data) > MAX_REPLY_BYTES:
+        raise ValueError(f"{len(data)} bytes (at most {MAX_REPLY_BYTES} are read)")
+    try:
+        if data[:2] == b"PK":  # torch.save's zip file
+            import torch
+
+            value = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        else:
+            value = _NoGlobals(io.BytesIO(data)).load()
+    except Exception as exc:
+        raise ValueError(f"not plain data ({type(exc).__name__})") from None
+    if why := plain(value):
+        raise ValueError(why)
+    return value
+
+
+# --------------------------------------------------------------------------- what it raised
+#: the file name of code compiled from a string (eval, exec): no line of the cell
+_EVALUATED = "<string>"
+
+
+def _course_dirs() -> tuple[str, ...]:
+    import labs
+
+    return (str(Path(__file__).resolve().parent), *labs.__path__)
+
+
+def raised(exc: BaseException) -> dict:
+    """A plain record of an exception the answer (or a probe calling it) raised:
+    ``ename``, ``evalue``, ``where`` (``" at line N of your cell: `<line>`"`` when it was
+    raised in the learner's code, else ``""``) and ``ours`` (it was raised in a probe or the
+    grader's code while reading the answer)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/lib/python" not in
+              f.filename]
+    own = _course_dirs()
+    inner = next((f for f in reversed(frames) if f.filename != _EVALUATED), None)
+    ours = inner is not None and inner.filename.startswith(own)
+    where = ""
+    if inner is not None and not ours:
+        code = (inner.line or "").strip()
+        code = code if len(code) <= 120 else code[:117] + "..."
+        where = f" at line {inner.lineno} of your cell" + (f": `{code}`" if code else "")
+        if frames[-1].filename == _EVALUATED:
+            where += " (in the code that line evaluates)"
+    return {"ename": type(exc).__name__, "evalue": str(exc)[:2000], "where": where,
+            "ours": ours}
+
+
+# --------------------------------------------------------------------------- torch's defaults
+def state_changes() -> list[str]:
+    """How torch's global state in this process differs from torch's defaults, in words (empty
+    when it does not, or torch is not loaded): grad mode, inference mode, default dtype and
+    device, deterministic algorithms, anomaly detection, autocast, and Python modes left active.
+    (torch/csrc/autograd/grad_mode.h: GradMode; c10/core/InferenceMode.h: InferenceMode;
+    torch/__init__.py: set_default_dtype, set_default_device, use_deterministic_algorithms.)"""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return []
+    found = []
+    if torch.is_inference_mode_enabled():
+        found.append("inference mode is on (torch.inference_mode() entered and not left)")
+    elif not torch.is_grad_enabled():
+        found.append("grad mode is off (torch.set_grad_enabled(False), or torch.no_grad() "
+                     "entered and not left)")
+    if (dtype := torch.get_default_dtype()) != torch.float32:
+        found.append(f"the default dtype is {dtype} (torch.set_default_dtype or "
+                     "set_default_tensor_type)")
+    if (device := torch.get_default_device()).type != "cpu":
+        found.append(f"the default device is {device} (torch.set_default_device)")
+    if torch.are_deterministic_algorithms_enabled():
+        found.append("deterministic algorithms are on (torch.use_deterministic_algorithms)")
+    if torch.is_anomaly_enabled():
+        found.append("anomaly detection is on (torch.autograd.set_detect_anomaly)")
+    for kind in ("cpu", "cuda"):
+        if torch.is_autocast_enabled(kind):
+            found.append(f"autocast is on for {kind} (torch.autocast entered and not left)")
+    modes = [type(m).__name__ for m in _function_modes()
+             if type(m).__name__ != "DeviceContext"]  # (that one is the default device)
+    modes += [type(m).__name__ for m in _dispatch_modes(torch)]
+    if modes:
+        found.append(f"Python modes are active ({', '.join(modes)}: a mode's __enter__ without "
+                     "its __exit__)")
+    return found
+
+
+def _function_modes() -> list:
+    from torch.overrides import _get_current_function_mode_stack
+
+    return list(_get_current_function_mode_stack())
+
+
+def _dispatch_modes(torch) -> list:
+    if not torch._C._len_torch_dispatch_stack():
+        return []
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return list(_get_current_dispatch_mode_stack())
+
+
+@contextlib.contextmanager
+def _no_function_modes(torch):
+    """Pop every TorchFunctionMode (the default device's DeviceContext too); push them back."""
+    popped = [torch._C._pop_torch_function_stack()
+              for _ in range(torch._C._len_torch_function_stack())]
+    try:
+        yield
+    finally:
+        for mode in reversed(popped):
+            torch._C._push_on_torch_function_stack(mode)
+
+
+@contextlib.contextmanager
+def torch_defaults():
+    """Run the body under torch's default global state, whatever the notebook set before:
+    grad mode on, inference mode off, default dtype float32 and device cpu, deterministic
+    algorithms, anomaly detection and autocast off, no TorchFunctionMode or TorchDispatchMode
+    active. The notebook's state is restored on exit. Probes (and checks) are written for this
+    state. A no-op when torch is not loaded."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
+    dtype = torch.get_default_dtype()
+    deterministic = (torch.are_deterministic_algorithms_enabled(),
+                     torch.is_deterministic_algorithms_warn_only_enabled())
+    autocast = {kind: torch.is_autocast_enabled(kind) for kind in ("cpu", "cuda")}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_no_function_modes(torch))
+        if torch._C._len_torch_dispatch_stack():
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            stack.enter_context(_disable_current_modes())
+        stack.enter_context(torch.inference_mode(False))
+        stack.enter_context(torch.enable_grad())
+        stack.enter_context(torch.autograd.set_detect_anomaly(False))
+        try:  # (only what differs is set: use_deterministic_algorithms alone costs ~10 ms)
+            if dtype != torch.float32:
+                torch.set_default_dtype(torch.float32)
+            if deterministic[0]:
+                torch.use_deterministic_algorithms(False)
+            for kind in (kind for kind, on in autocast.items() if on):
+                torch.set_autocast_enabled(kind, False)
+            yield
+        finally:
+            if dtype != torch.float32:
+                torch.set_default_dtype(dtype)
+            if deterministic[0]:
+                torch.use_deterministic_algorithms(True, warn_only=deterministic[1])
+            for kind in (kind for kind, on in autocast.items() if on):
+                torch.set_autocast_enabled(kind, True)
+
+
+@contextlib.contextmanager
+def seeded_rng(seed: int):
+    """Fork torch's global CPU RNG and seed it with ``seed`` (the learner's RNG state is left as
+    it was), if torch is loaded."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+# --------------------------------------------------------------------------- the probe
+def call(answer: Any, probe_name: str | None, args: tuple, kwargs: dict, seed: int) -> bytes:
+    """Run one probe: ``answer(*args, **kwargs)``, or the probe registered as ``probe_name``
+    called as ``fn(answer, *args, **kwargs)``, under torch's defaults and torch's RNG seeded
+    with ``seed``; return the reply, encoded (:func:`encode`): ``{"value": plain data}``,
+    ``{"raised": record}`` (:func:`raised`) or ``{"unplain": why}`` (the value was not plain
+    data). Never raises for what the answer does (``KeyboardInterrupt``, the grader's time
+    limit, is passed on)."""
+    try:
+        fn = _lookup(probe_name) if probe_name else None
+        with torch_defaults(), seeded_rng(seed):
+            value = fn(answer, *args, **kwargs) if fn else answer(*args, **kwargs)
+        value = _detached(value)
+        why = plain(value, "the value your answer returned" if fn is None else "what your answer gave")
+        reply = {"unplain": why} if why else {"value": value}
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit too: it costs this probe, not the kernel
+        reply = {"raised": raised(exc)}
+    try:
+        return encode(reply)
+    except Exception as exc:
+        return encode({"unplain": f"it could not be saved ({type(exc).__name__})"})
+
+
+def serve(request: str) -> None:
+    """The grader's probe cell: read the request the judge wrote at path ``request`` (plain
+    data: exercise, answer name, probe, args, kwargs, seed, reply path), run :func:`call` on the
+    answer the notebook binds under that name, and write the reply where the request says."""
+    import __main__
+
+    req = decode(Path(request).read_bytes())
+    Path(request).unlink()
+    namespace = vars(__main__)
+    if req["answer"] not in namespace:
+        reply = encode({"missing": req["answer"]})
+    else:
+        reply = call(namespace[req["answer"]], req["probe"], tuple(req["args"]),
+                     dict(req["kwargs"]), req["seed"])
+    Path(req["reply"]).write_bytes(reply)

@@ -218,10 +218,23 @@ def merge_shards(dirs: list[Path], out: Path) -> list[str]:
 
 def _grade_one(sub: Submission, out_dir: Path, device: str, seed: int,
                timeout: float | None, assigned: str | None, allow: bool,
-               threads: int) -> LabResult:
+               threads: int, hide: tuple[str, ...]) -> LabResult:
     return grade_notebook(sub.path, out_dir, device=device, seed=seed, timeout=timeout,
                           name=sub.name, learner=sub.learner, assigned=assigned,
-                          allow_torch_mismatch=allow, threads=threads)
+                          allow_torch_mismatch=allow, threads=threads, hide=hide)
+
+
+def hand_in_folders(subs: list[Submission], course: Path) -> tuple[str, ...]:
+    """The folders a kernel must not see of a batch: the one folder holding every hand-in, or,
+    when that folder holds the course itself (its ``labs/`` and ``grader/``, which kernels
+    import), each hand-in's own folder."""
+    parents = sorted({str(s.path.absolute().parent) for s in subs})
+    if not parents:
+        return ()
+    common = Path(os.path.commonpath(parents))
+    if course.absolute() == common or common in course.absolute().parents:
+        return tuple(p for p in parents if Path(p) != course.absolute())
+    return (str(common),)
 
 
 def grade_all(subs: list[Submission], out_dir: Path, *, device: str, seed: int,
@@ -239,6 +252,7 @@ def grade_all(subs: list[Submission], out_dir: Path, *, device: str, seed: int,
     :func:`grader.grade.grade_notebook`);
     ``on_outcome`` (per exercise) is called only when grading runs in this process (one job,
     or one notebook to grade)."""
+    hide = hand_in_folders(subs, Path(__file__).resolve().parent.parent)
     todo = []
     for sub in subs:
         old = None if force else previous(out_dir, sub, fingerprint(
@@ -253,29 +267,31 @@ def grade_all(subs: list[Submission], out_dir: Path, *, device: str, seed: int,
             yield sub, grade_notebook(sub.path, out_dir, device=device, seed=seed,
                                       timeout=timeout, name=sub.name, learner=sub.learner,
                                       assigned=assigned, on_outcome=on_outcome,
-                                      allow_torch_mismatch=allow_torch_mismatch), False
+                                      allow_torch_mismatch=allow_torch_mismatch,
+                                      hide=hide), False
         return
     jobs = min(jobs, len(todo))
     # A submission can kill the worker grading it (its kernel runs as the same user), which
     # breaks the whole pool: the notebooks it took down are graded again, each in a pool of
     # its own, so only the one that did it is recorded as not graded.
     allow = allow_torch_mismatch
-    broken = yield from _in_pool(todo, out_dir, device, seed, timeout, assigned, allow, jobs)
+    broken = yield from _in_pool(todo, out_dir, device, seed, timeout, assigned, allow, jobs,
+                                 hide)
     for sub in broken:
-        yield from _in_pool([sub], out_dir, device, seed, timeout, assigned, allow, 1,
+        yield from _in_pool([sub], out_dir, device, seed, timeout, assigned, allow, 1, hide,
                             last_try=True)
 
 
 def _in_pool(subs: list[Submission], out_dir: Path, device: str, seed: int,
              timeout: float | None, assigned: str | None, allow: bool, jobs: int,
-             last_try: bool = False):
+             hide: tuple[str, ...], last_try: bool = False):
     """Grade ``subs`` in a pool of ``jobs`` spawned workers, yielding ``(sub, result, False)``;
     return the submissions lost to a broken pool (recorded as not graded when ``last_try``)."""
     lost = []
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
         threads = max(1, (os.cpu_count() or 1) // jobs)
         futures = {pool.submit(_grade_one, sub, out_dir, device, seed, timeout, assigned,
-                               allow, threads): sub for sub in subs}
+                               allow, threads, hide): sub for sub in subs}
         for future in as_completed(futures):
             sub = futures[future]
             try:

@@ -122,7 +122,8 @@ def cmd_grade(args, console: Console) -> int:
                                TimeElapsedColumn, TimeRemainingColumn)
 
     from grader.batch import assigned_lab, find_submissions, grade_all, shard, write_manifest
-    from grader.grade import check_torch, new_seed, resolve_device
+    from grader.grade import (check_torch, hand_in_digest, kernel_isolation, new_seed,
+                              resolve_device)
     from grader.results import PINNED_TORCH, installed_torch, is_pinned_torch
 
     check_torch(args.allow_torch_mismatch)
@@ -151,6 +152,8 @@ def cmd_grade(args, console: Console) -> int:
             return 0
     console.print(f"grading {len(subs)} notebook(s){share} on {device}, seed {seed}, "
                   f"{min(args.jobs, len(subs))} job(s) -> {safe(str(args.out))}")
+    console.print(f"[dim]isolation: {kernel_isolation().words}[/dim]", highlight=False)
+    before = {sub: hand_in_digest(sub.path) for sub in subs}
 
     def progress(o):
         console.print(f"  [{STYLE[o.status]}]{o.status:>7}[/] {o.exercise} "
@@ -177,6 +180,10 @@ def cmd_grade(args, console: Console) -> int:
                             f"{result.score:g}/{result.max_score:g}")
                 bar.console.print(line, highlight=False)
     results = [(sub, *done[sub]) for sub in subs]  # a fixed order, whatever the completion order
+    changed = [sub for sub in subs if hand_in_digest(sub.path) != before[sub]]
+    for sub in changed:
+        console.print(f"[red]changed while the batch ran:[/red] {safe(sub.path)} (graded as it "
+                      "was when its grading started; look at who could write it)")
     if reused := [r for _, r, again in results if again and r.environment.seed != seed]:
         console.print(f"[dim]{len(reused)} unchanged result(s) were reused: each keeps the seed "
                       "it was graded with (--force grades them again)[/dim]")
@@ -190,7 +197,7 @@ def cmd_grade(args, console: Console) -> int:
              and 100 * r.score < args.fail_under * r.runnable_max_score]
     for sub in below:
         console.print(f"[red]below --fail-under {args.fail_under:g}%:[/red] {safe(sub.path)}")
-    if any(r.error for _, r, _ in results):
+    if changed or any(r.error for _, r, _ in results):
         return 1
     return 3 if below else 0
 

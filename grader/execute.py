@@ -32,7 +32,7 @@ from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode
 from papermill.clientwrap import PapermillNotebookClient
 from papermill.engines import Engine, papermill_engines
-from traitlets import Int
+from traitlets import Int, List, Unicode
 from traitlets.config import Config
 
 from grader import guard, notebook, probe
@@ -55,14 +55,21 @@ SAVE_EVERY_S = 5.0
 
 class SandboxKernelManager(AsyncKernelManager):
     """A kernel manager that starts its kernel under :class:`grader.sandbox.Limits` (``memory``
-    bytes, ``cpu`` seconds), whatever the kernelspec says."""
+    bytes, ``cpu`` seconds, as ``user`` "uid:gid" with ``hide`` hidden and all but
+    ``writable`` read-only), whatever the kernelspec says."""
 
     memory = Int(4 << 30, help="bytes of writable memory the kernel may use").tag(config=True)
     cpu = Int(3600, help="CPU seconds the kernel may use").tag(config=True)
+    user = Unicode("", help="uid:gid the kernel runs as (empty: the grader's)").tag(config=True)
+    hide = List(Unicode(), help="paths the kernel must not see").tag(config=True)
+    writable = List(Unicode(), help="folders it may write (all else read-only)").tag(config=True)
 
     def format_kernel_cmd(self, extra_arguments=None) -> list[str]:
         argv = super().format_kernel_cmd(extra_arguments)
-        return Limits(self.memory, self.cpu).argv([*argv, f"--Session.packer={PACKER}"])
+        user = tuple(map(int, self.user.split(":"))) if self.user else None
+        return Limits(self.memory, self.cpu, user=user, hide=tuple(self.hide),
+                      writable=tuple(self.writable)).argv(
+            [*argv, f"--Session.packer={PACKER}"])
 
 
 def _size(content: dict) -> int:
@@ -284,7 +291,10 @@ class GraderEngine(Engine):
             # local IPC sockets (in the run's home folder, outside the kernel's working
             # folder, which holds only what the learner writes), not TCP on localhost
             config=Config(KernelManager={"transport": "ipc", "ip": str(home / "kernel")},
-                          SandboxKernelManager={"memory": limits.memory, "cpu": limits.cpu}))
+                          SandboxKernelManager={
+                              "memory": limits.memory, "cpu": limits.cpu, "hide": list(limits.hide),
+                              "writable": list(limits.writable),
+                              "user": ":".join(map(str, limits.user)) if limits.user else ""}))
         run = _Run(client, nb_man, timeouts, interrupted, limits, key, seed, device, home)
         todo = parts(nb_man.nb)
         done, lost = 0, set()  # parts run so far; those among them that timed out or crashed
@@ -416,16 +426,22 @@ class _Run:
         """Run every check of ``exercise`` here, in the grader's process, each probe of the
         answer in the kernel (:class:`_KernelAnswer`); the verdict is shown in the grade cell
         of the executed notebook."""
-        cell = self.nb_man.nb.cells[grade_index]
+        cells = self.nb_man.nb.cells
+        cell = cells[grade_index]  # (papermill puts each probe cell in its place: put it back)
         answer = _KernelAnswer(self, exercise, grade_index, start, limit)
         try:
             v = run_checks(exercise, answer, seed=self.seed, device=self.device, hidden=True)
         except _Interrupted:
+            cells[grade_index] = cell
             return Outcome(exercise, "timeout", self._late(limit, "the checks") + " The kernel "
                            "was interrupted and grading went on.", time.monotonic() - start,
                            answer_errors)
+        except ProbeLost:
+            cells[grade_index] = cell
+            raise
         cell.outputs = [v4.new_output("display_data", data={
             "text/plain": f"{exercise}: {v.status} (judged by the grader)\n{v.message}"})]
+        cells[grade_index] = cell
         return Outcome(exercise, v.status, v.message, time.monotonic() - start, answer_errors)
 
     def replay(self, done: list[Part], lost: set[int]) -> None:

@@ -3,6 +3,7 @@ the ``grader`` engine, and turn the outcomes into a :class:`LabResult` that is a
 even when grading could not happen (then every exercise scores 0 with the reason)."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -23,7 +24,7 @@ from grader.execute import Outcome  # noqa: F401  (importing registers the "grad
 from grader.labs import Exercise, Lab, lab_from_name, lab_of, load_lab
 from grader.results import (PINNED_TORCH, Environment, ExerciseResult, LabResult,
                             installed_torch, is_pinned_torch)
-from grader.sandbox import Limits, keep_warm_cache, warm_cache
+from grader.sandbox import Isolation, Limits, isolation, keep_warm_cache, warm_cache
 
 
 def new_seed() -> int:
@@ -113,6 +114,15 @@ def fingerprint(path: Path, *, device: str, timeout: float | None,
     return h.hexdigest()
 
 
+def hand_in_digest(path: Path) -> str:
+    """SHA-256 of the hand-in's bytes ("" when it cannot be read): a batch compares them before
+    and after, and reports a hand-in that changed meanwhile."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return ""
+
+
 def _lab_from_name(path: Path, default: str | None = None) -> Lab | None:
     """The lab the file name names, else the lab ``default``, else None."""
     try:
@@ -125,7 +135,8 @@ def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int 
                    timeout: float | None = None, name: str | None = None,
                    learner: str | None = None, assigned: str | None = None,
                    allow_torch_mismatch: bool = False, threads: int | None = None,
-                   on_outcome: Callable[[Outcome], None] | None = None) -> LabResult:
+                   on_outcome: Callable[[Outcome], None] | None = None,
+                   hide: tuple[str, ...] = ()) -> LabResult:
     """Grade the notebook at ``path``; write ``out_dir/<name>.json`` and the executed notebook
     ``out_dir/<name>.executed.ipynb`` (``name`` defaults to the file's stem); return the result.
 
@@ -140,6 +151,9 @@ def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int 
     (``pinned_behaviour``) carry ``version_caveat``. ``threads``: the CPU threads the kernel's
     libraries may use (default: one per core; a batch of N jobs gives each its share, so the
     kernels that run at once do not fight over the cores: :func:`grader.sandbox.kernel_env`).
+    ``hide``: folders the kernel must not see beside those it never sees (the course's
+    reference solutions, ``out_dir``, the hidden checks of a lab judged wholly by the grader):
+    the batch's hand-ins (:func:`grader.sandbox.isolation` says where hiding works).
     Never raises for a bad submission: the result's ``error`` says why grading could not
     happen."""
     started = time.monotonic()
@@ -162,7 +176,8 @@ def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int 
         result = _grade(path, submission, lab, env, out_dir / f"{name}.executed.ipynb",
                         timeout=timeout, on_outcome=on_outcome, started=started, notes=notes,
                         torch_policy="allow" if allow_torch_mismatch else "refuse",
-                        threads=threads or os.cpu_count() or 1)
+                        threads=threads or os.cpu_count() or 1,
+                        hide=(*hide, str(out_dir.absolute())))
     except GraderError as exc:  # unreadable, unknown lab: the file name may still say which lab
         # the learner sees this reason: name their file, not the folders it sits in here
         reason = str(exc).replace(str(path), path.name)
@@ -212,10 +227,39 @@ def warm_cache_dir(lab: Lab) -> Path:
     return lab.root / "build" / "cache" / f"inductor-{installed_torch()}" / lab.id
 
 
+@functools.lru_cache(maxsize=None)
+def kernel_isolation() -> Isolation:
+    """How this machine isolates kernels (:func:`grader.sandbox.isolation`, tried once per
+    process)."""
+    import torch as _  # noqa: F401  (where it is installed: the kernel's user must read it)
+    import sys
+
+    readable = [Path(sys.executable).resolve(), Path(__file__).resolve(),
+                Path(sys.modules["torch"].__file__)]
+    return isolation(readable)
+
+
+def _instructor_files(lab: Lab) -> tuple[str, ...]:
+    """What a grading kernel of ``lab`` must not see of the course: the reference solutions,
+    and the lab's checks when every exercise of the lab is judged by the grader (a lab with an
+    exercise still ``judged_in_kernel`` needs them in the kernel)."""
+    hidden = [str(lab.root / "solutions")]
+    if not any(e.judged_in_kernel for e in lab.exercises):
+        hidden += [str(p) for p in (lab.root / "labs" / lab.id).glob("checks*")]
+    return tuple(hidden)
+
+
+def _chown_tree(folder: Path, uid: int, gid: int) -> None:
+    os.chown(folder, uid, gid)
+    for base, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            os.chown(os.path.join(base, name), uid, gid, follow_symlinks=False)
+
+
 def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *,
            timeout: float | None, on_outcome: Callable[[Outcome], None] | None,
            started: float, notes: list[str], torch_policy: str,
-           threads: int | None) -> LabResult:
+           threads: int | None, hide: tuple[str, ...]) -> LabResult:
     """Assemble, execute and score a readable submission of ``lab``; ``torch_policy`` is the
     notebook's parameter of that name (see :func:`grader.selfcheck.require_torch`)."""
     device, seed = env.device, env.seed
@@ -232,9 +276,12 @@ def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *
     error = None
     timeouts = {e.id: timeout or e.timeout for e in lab.exercises}
     # CPU seconds: every core busy for the whole lab's time, plus start-up (a backstop only)
+    walls = kernel_isolation()
+    user = walls.user
     limits = Limits(memory=int(lab.memory_gib * 2**30),
                     cpu=int((sum(timeouts.values()) + 300) * (os.cpu_count() or 1)),
-                    threads=threads)
+                    threads=threads, user=user,
+                    hide=(*hide, *_instructor_files(lab)) if walls.namespace else ())
     # the kernel works in run/work (empty: only what the learner writes lands there); its
     # home, temporary files and sockets are in run/home
     # Inductor's cache starts warm: a copy of what the course's reference solutions compiled;
@@ -244,7 +291,13 @@ def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *
     with tempfile.TemporaryDirectory(prefix="grade-") as run:
         work, home = Path(run) / "work", Path(run) / "home"
         work.mkdir()
+        (home / "probe").mkdir(parents=True)
         warm_cache(home, warm)
+        if user:  # the kernel's user owns its folders; the run folder it may only cross
+            os.chmod(run, 0o711)
+            for folder in (work, home):
+                _chown_tree(folder, *user)
+        limits = replace(limits, writable=(run,))
         try:
             papermill.execute_notebook(
                 built.nb, str(executed),

@@ -174,8 +174,8 @@ def _alive_children() -> list:
 
 
 def arm(lab_id: str) -> None:
-    """Start guarding a grading kernel for ``lab_id``: take the key, load the lab's checks and
-    snapshot what the checks rely on. Raises RuntimeError when the key file is missing."""
+    """Start guarding a grading kernel for ``lab_id``: take the key, load the checks of its
+    exercises still ``judged_in_kernel`` and snapshot what they rely on. Raises RuntimeError when the key file is missing."""
     from grader import checks, selfcheck  # noqa: F401  (snapshot every module the checks run)
     from grader.labs import load_lab
 
@@ -188,10 +188,12 @@ def arm(lab_id: str) -> None:
     if lab.torch and importlib.util.find_spec("torch") is not None:
         import torch  # noqa: F401  (snapshot torch before any learner code could patch it)
         import torch.testing._comparison  # noqa: F401
-    for e in lab.exercises:
+    # only the exercises still judged in the kernel: the others' checks are not in it
+    guarded = [e for e in lab.exercises if e.judged_in_kernel]
+    for e in guarded:
         checks.checks_for(e.id)  # imports the lab's checks
     # in registration order, as tampering() reads the registry (checks_for puts public first)
-    registry = {e.id: tuple(checks._REGISTRY[e.id]) for e in lab.exercises}
+    registry = {e.id: tuple(checks._REGISTRY[e.id]) for e in guarded}
     snap = Snapshot(_entries(lab_id), registry, set(threading.enumerate()),
                     {p.pid for p in _alive_children()})
     _STATE.clear()

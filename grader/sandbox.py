@@ -45,6 +45,18 @@ from pathlib import Path
 
 #: prctl option (linux/prctl.h)
 PR_SET_CHILD_SUBREAPER = 36
+#: unshare(2) and mount(2) flags (linux/sched.h, linux/mount.h)
+CLONE_NEWNS, MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
+    0x00020000, 1, 2, 4, 32, 4096, 16384, 1 << 18)
+#: prctl(PR_CAPBSET_DROP) and the capabilities a kernel that stays root loses
+#: (linux/capability.h): reading files by handle, immutable files, loading modules, raw I/O,
+#: chroot, ptrace (of the judge), mount and the rest of sys_admin, reboot, device nodes
+PR_CAPBSET_DROP = 24
+DROPPED_CAPS = (2, 9, 16, 17, 18, 19, 21, 22, 27)
+#: mounts a kernel keeps writable: the kernel's own devices and processes
+_KERNEL_MOUNTS = ("/proc", "/sys", "/dev")
+#: the unprivileged user a kernel runs as when the grader runs as root
+KERNEL_USER = "nobody"
 #: variables the kernel inherits from the grader's environment (when set); all else is dropped
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "LD_LIBRARY_PATH",
               "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -74,17 +86,28 @@ def json_packer(obj) -> bytes:
 class Limits:
     """What one kernel may use: ``memory`` bytes of writable memory, ``cpu`` CPU seconds,
     ``file_size`` bytes per file written, ``threads`` CPU threads for its libraries (None: as
-    many as they choose; see :func:`kernel_env`)."""
+    many as they choose; see :func:`kernel_env`); ``user``: the (uid, gid) it runs as (None:
+    the grader's); ``hide``: paths it must not see (then it gets a mount namespace of its own,
+    where they are empty and all is read-only but the folders of ``writable``; only where
+    :func:`isolation` says it works)."""
 
     memory: int
     cpu: int
     file_size: int = 1 << 30
     threads: int | None = None
+    user: tuple[int, int] | None = None
+    hide: tuple[str, ...] = ()
+    writable: tuple[str, ...] = ()
 
     def argv(self, kernel_argv: list[str]) -> list[str]:
-        """The command that starts ``kernel_argv`` under these limits."""
+        """The command that starts ``kernel_argv`` under these limits (with the paths of
+        ``hide`` hidden, as ``user``: see :func:`isolation`)."""
+        isolated = [f"--hide={h}" for h in self.hide]
+        isolated += [f"--writable={w}" for w in self.writable] if self.hide else []
+        isolated += [f"--user={self.user[0]}:{self.user[1]}"] if self.user else []
         return [sys.executable, "-m", "grader.sandbox", "--memory", str(self.memory),
-                "--cpu", str(self.cpu), "--file-size", str(self.file_size), "--", *kernel_argv]
+                "--cpu", str(self.cpu), "--file-size", str(self.file_size), *isolated, "--",
+                *kernel_argv]
 
 
 def inductor_cache(home: Path) -> Path:
@@ -162,12 +185,135 @@ def kernel_env(home: Path, threads: int | None = None) -> dict[str, str]:
     return env
 
 
+def kernel_user() -> tuple[int, int] | None:
+    """(uid, gid) of :data:`KERNEL_USER` when this process is root and that user exists, else
+    None (kernels then run as this process's user)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        entry = pwd.getpwnam(KERNEL_USER)
+    except KeyError:
+        return None
+    return entry.pw_uid, entry.pw_gid
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """How kernels are isolated on this machine (see :func:`isolation`): ``user`` is the
+    (uid, gid) they run as (None: the grader's own), ``namespace`` whether each gets a mount
+    namespace of its own in which the instructor's files are hidden; ``words`` says what that
+    means, for the grader's first line."""
+
+    user: tuple[int, int] | None
+    namespace: bool
+    words: str
+
+
+def isolation(readable: list[Path]) -> Isolation:
+    """Try, once, in a child process, what this machine allows: as root, a mount namespace of
+    its own (``unshare(CLONE_NEWNS)``), then becoming :data:`KERNEL_USER` and reading each
+    path of ``readable`` (the interpreter, torch, the course) as that user."""
+    if os.geteuid() != 0:
+        return Isolation(None, False, "kernels run as this user (the grader is not root): they "
+                         "can read and write what it can; grade as root (CI, Gradescope, Slurm) "
+                         "or in a container (README: Isolation) for the full wall")
+    user = kernel_user()
+    pid = os.fork()
+    if pid == 0:  # the trial: 0 all works, 1 the user cannot read, 2 no namespace
+        code = 2
+        try:
+            if ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNS) == 0:
+                code = 1
+                if user is not None:
+                    os.setgroups([])
+                    os.setgid(user[1])
+                    os.setuid(user[0])
+                    for path in readable:
+                        with open(path, "rb"):
+                            pass
+                    code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    hidden = "the reference solutions, the other hand-ins and the results hidden"
+    if code == 0:
+        return Isolation(user, True, f"kernels run as the user {KERNEL_USER} in a mount "
+                         f"namespace of their own ({hidden})")
+    if code == 1:
+        return Isolation(None, True, f"kernels run as root in a mount namespace of their own "
+                         f"({hidden}, which root can undo): the user {KERNEL_USER} cannot read "
+                         "the interpreter, torch or the course here; install them where every "
+                         "user can read them for the full wall (README: Isolation)")
+    return Isolation(None, False, "kernels run as root, with nothing hidden: this machine "
+                     "refuses a mount namespace (README: Isolation)")
+
+
+def _mount_points() -> list[str]:
+    """The mount points of this process's namespace (/proc/self/mountinfo's fifth field)."""
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        points = [line.split()[4] for line in f]
+    return [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), p) for p in points]
+
+
+def _wall(hide: list[str], writable: list[str]) -> None:
+    """Enter a mount namespace of our own; there, hide each path of ``hide`` (an empty
+    read-only tmpfs over a folder, /dev/null over a file), make every mount read-only but the
+    folders of ``writable`` (the kernel's own) and /proc, /sys, /dev, and drop
+    :data:`DROPPED_CAPS` from the capability bounding set, so that a kernel that stays root can
+    neither undo this nor ptrace the grader. Raises OSError when the namespace, a hiding mount
+    or making / read-only is refused."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def ok(result: int, what: str) -> None:
+        if result != 0:
+            raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
+
+    ok(libc.unshare(CLONE_NEWNS), "unshare")
+    ok(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+    for path in hide:
+        p = os.fsencode(path)
+        if os.path.isdir(path):
+            ok(libc.mount(b"tmpfs", p, b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, b"size=4k"),
+               f"hide {path}")
+        elif os.path.exists(path):
+            ok(libc.mount(b"/dev/null", p, None, MS_BIND, None), f"hide {path}")
+    for path in writable:  # a mount of its own, left writable below
+        ok(libc.mount(os.fsencode(path), os.fsencode(path), None, MS_BIND | MS_REC, None),
+           f"keep {path}")
+    for point in _mount_points():
+        if point.startswith(_KERNEL_MOUNTS) or any(
+                point == w or point.startswith(w.rstrip("/") + "/") for w in writable):
+            continue
+        done = libc.mount(None, os.fsencode(point), None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)
+        if done != 0 and point == "/":
+            ok(done, "make / read-only")
+    for cap in DROPPED_CAPS:
+        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+    os.chdir(os.getcwd())  # (the working folder, looked up again: in its writable mount now)
+
+
+def _become(uid: int, gid: int, command: list[str]) -> None:
+    """Hand the kernel's connection file (``-f``) to ``uid`` and become ``uid``:``gid`` with
+    no supplementary groups."""
+    if "-f" in command[:-1]:
+        os.chown(command[command.index("-f") + 1], uid, gid)
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+
+
 def _main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m grader.sandbox",
                                      description="run a command under the grader's limits")
     parser.add_argument("--memory", type=int, required=True, help="bytes of writable memory")
     parser.add_argument("--cpu", type=int, required=True, help="CPU seconds")
     parser.add_argument("--file-size", type=int, required=True, help="bytes per file written")
+    parser.add_argument("--hide", action="append", default=[],
+                        help="a path to hide, in a mount namespace of its own (as root)")
+    parser.add_argument("--writable", action="append", default=[],
+                        help="a folder that stays writable there (the rest is read-only)")
+    parser.add_argument("--user", help="uid:gid to run as (as root)")
     parser.add_argument("command", nargs="+")
     args = parser.parse_args(argv)
     resource.setrlimit(resource.RLIMIT_DATA, (args.memory, args.memory))
@@ -177,6 +323,10 @@ def _main(argv: list[str]) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if sys.platform == "linux":  # orphans of the kernel's children (setsid, double fork) stay
         ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # its descendants
+    if args.hide:
+        _wall(args.hide, args.writable)
+    if args.user:
+        _become(*map(int, args.user.split(":")), args.command)
     os.execv(args.command[0], args.command)
 
 

@@ -24,7 +24,7 @@ from grader import notebook
 from grader.errors import GraderError
 from grader.grade import fingerprint, grade_notebook, record_failure
 from grader.labs import lab_ids, lab_of, plain_stem
-from grader.results import LabResult
+from grader.results import LabResult, read_verified
 
 
 @dataclass(frozen=True)
@@ -170,26 +170,29 @@ def assigned_lab(subs: list[Submission], labs: list[str] | None = None) -> str |
 def previous(out_dir: Path, sub: Submission, print_: str,
              seed: int | None = None) -> LabResult | None:
     """The result already in ``out_dir`` for ``sub`` if it has fingerprint ``print_`` (and, when
-    ``seed`` is given, was graded with that seed)."""
-    try:
-        data = json.loads((out_dir / f"{sub.name}.json").read_text(encoding="utf-8"))
-        result = LabResult.from_dict(data)
-    except (OSError, ValueError, KeyError, TypeError):
+    ``seed`` is given, was graded with that seed) and its digest verifies (see
+    :func:`grader.results.read_verified`)."""
+    result = read_verified(out_dir / f"{sub.name}.json")
+    if result is None:  # none, or not the grader's own (a digest that does not verify)
         return None
     if result.fingerprint != print_ or (seed is not None and result.environment.seed != seed):
         return None
     return result
 
 
-def merge_shards(dirs: list[Path], out: Path) -> list[str]:
+def merge_shards(dirs: list[Path], out: Path) -> tuple[list[str], list[str]]:
     """Copy the results of shard folders (the ``--out`` of ``grader grade --shard K/N``) into
-    ``out``: each ``<name>.json`` that is a result, with its ``<name>.executed.ipynb``; return
-    the names copied, sorted. Results already in ``out`` stay (a name in both is replaced).
+    ``out``: each ``<name>.json`` that is a result whose digest verifies under its folder's key
+    (written there by the grader: :func:`grader.results.read_verified`), with its
+    ``<name>.executed.ipynb``; return (the names copied, sorted; the paths of results refused
+    because their digest does not verify). Results already in ``out`` stay (a name in both is
+    replaced).
 
     Raises GraderError, before copying anything, for a folder that does not exist, folders
     that hold no result, or one name with two different results (shards of two batches, or of
     one batch graded with two seeds)."""
-    found: dict[str, Path] = {}
+    found: dict[str, tuple[Path, LabResult]] = {}
+    refused = []
     for folder in dirs:
         if not folder.is_dir():
             raise GraderError(f"{folder}: no such folder (give the --out folders of the shards)")
@@ -198,22 +201,27 @@ def merge_shards(dirs: list[Path], out: Path) -> list[str]:
                 LabResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # not a result
+            if (result := read_verified(path)) is None:
+                refused.append(str(path))
+                continue
             name = path.name.removesuffix(".json")
-            if name in found and found[name].read_bytes() != path.read_bytes():
-                raise GraderError(f"{name}: two different results, in {found[name].parent} and "
-                                  f"{folder}: two gradings of one notebook (shards of two "
+            if name in found and found[name][1].to_dict() != result.to_dict():
+                raise GraderError(f"{name}: two different results, in {found[name][0].parent} "
+                                  f"and {folder}: two gradings of one notebook (shards of two "
                                   "runs, or a folder of an earlier run); merge the shards of "
                                   "one run (grader grade --shard K/N --seed S)")
-            found[name] = path
-    if not found:
+            found[name] = (path, result)
+    if not found and not refused:
         raise GraderError(f"no results in {', '.join(map(str, dirs))} (give the --out folders "
                           "of the shards)")
     out.mkdir(parents=True, exist_ok=True)
-    for name, path in found.items():
-        for src in (path, path.with_name(f"{name}.executed.ipynb")):
-            if src.is_file() and src.resolve() != (out / src.name).resolve():
-                shutil.copyfile(src, out / src.name)
-    return sorted(found)
+    for name, (path, result) in found.items():
+        if path.resolve() != (out / path.name).resolve():
+            result.write(out / path.name)
+        executed = path.with_name(f"{name}.executed.ipynb")
+        if executed.is_file() and executed.resolve() != (out / executed.name).resolve():
+            shutil.copyfile(executed, out / executed.name)
+    return sorted(found), refused
 
 
 def _grade_one(sub: Submission, out_dir: Path, device: str, seed: int,

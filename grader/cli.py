@@ -224,7 +224,10 @@ def cmd_merge(args, console: Console) -> int:
     from grader.batch import Submission, merge_shards, missing_from_shards
     from grader.exports import load_graded
 
-    names = merge_shards(args.dirs, args.out)
+    names, refused = merge_shards(args.dirs, args.out)
+    for path in refused:
+        console.print(f"[red]refused {safe(path)}: its digest does not verify, so the grader did "
+                      "not write it as it is (grade that notebook again)[/red]")
     console.print(f"merged {len(names)} result(s) from {len(args.dirs)} folder(s) -> "
                   f"{safe(str(args.out))}")
     graded = sorted((load_graded(args.out / f"{name}.json") for name in names),
@@ -243,7 +246,7 @@ def cmd_merge(args, console: Console) -> int:
         for line in missing:
             console.print(f"  [red]{safe(line)}[/red]")
         return 1
-    return 1 if any(g.result.error for g in graded) else 0
+    return 1 if refused or any(g.result.error for g in graded) else 0
 
 
 def cmd_timings(args, console: Console) -> int:

@@ -439,10 +439,16 @@ class _Run:
         except ProbeLost:
             cells[grade_index] = cell
             raise
+        message = v.message
+        if any(VERDICT_MIME in o.get("data", {}) for c in cells[:grade_index]
+               for o in c.get("outputs", []) if c.get("cell_type") == "code"):
+            message += (" (Your notebook displayed a verdict of its own: only the grader's "
+                        "judge, outside your kernel, gives verdicts, so it counted for nothing.)")
         cell.outputs = [v4.new_output("display_data", data={
-            "text/plain": f"{exercise}: {v.status} (judged by the grader)\n{v.message}"})]
+            "text/plain": f"{exercise}: {v.status} (judged by the grader)\n{message}"})]
+        cell.execution_count = cells[grade_index].get("execution_count")  # (its last probe's)
         cells[grade_index] = cell
-        return Outcome(exercise, v.status, v.message, time.monotonic() - start, answer_errors)
+        return Outcome(exercise, v.status, message, time.monotonic() - start, answer_errors)
 
     def replay(self, done: list[Part], lost: set[int]) -> None:
         """Re-run earlier parts in a fresh kernel, on copies, so later exercises find the state

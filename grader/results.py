@@ -5,8 +5,12 @@ described by ``grader/result.schema.json``.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import os
 import platform
+import secrets
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from importlib import metadata
@@ -150,5 +154,49 @@ class LabResult:
                    fingerprint=data.get("fingerprint"), learner=data.get("learner"))
 
     def write(self, path: Path) -> None:
-        """Write the JSON to ``path`` atomically (an interrupted run leaves no partial file)."""
-        atomic_write(path, json.dumps(self.to_dict(), indent=2) + "\n")
+        """Write the JSON to ``path`` atomically (an interrupted run leaves no partial file),
+        with its ``digest`` under the key of its folder (:func:`results_key`)."""
+        data = self.to_dict()
+        data["digest"] = digest(data, results_key(path.parent))
+        atomic_write(path, json.dumps(data, indent=2) + "\n")
+
+
+#: the file, in a results folder, holding the key its results' digests are made with
+KEY_FILE = ".results-key"
+
+
+def results_key(folder: Path) -> bytes:
+    """The key of the results in ``folder`` (32 random bytes in ``folder/.results-key``, made on
+    first use, readable by the grader's user only; kernels never see the folder)."""
+    path = folder / KEY_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_bytes()
+    key = secrets.token_bytes(32)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key)
+    return key
+
+
+def digest(data: dict, key: bytes) -> str:
+    """HMAC-SHA256 (hex) of a result's canonical JSON without its ``digest``: it covers every
+    field, the ``fingerprint`` (which digests the hand-in's bytes) among them."""
+    body = {k: v for k, v in data.items() if k != "digest"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+
+
+def read_verified(path: Path) -> LabResult | None:
+    """The result at ``path`` when its ``digest`` is right under its folder's key; None when it
+    is not a result, or was written or changed by anything but the grader."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        mark = data.get("digest")
+        if not isinstance(mark, str) or not (path.parent / KEY_FILE).is_file():
+            return None
+        if not hmac.compare_digest(mark, digest(data, results_key(path.parent))):
+            return None
+        return LabResult.from_dict(data)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None

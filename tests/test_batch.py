@@ -15,6 +15,7 @@ from grader import notebook
 from grader.batch import find_submissions, grade_all, learner_of
 from grader.labs import load_lab
 from grader.cli import build_parser, default_out, main
+from grader.results import LabResult
 from tests.conftest import FIXTURES, ROOT
 
 RELEASE = notebook.read(FIXTURES / "notebooks" / "90_toy.ipynb")
@@ -135,10 +136,11 @@ def test_markup_in_paths_and_contents_is_printed_as_text(tmp_path, capsys):
 
 
 def _without_times(data):
-    """A report with its wall-clock fields (times, start stamps) removed."""
+    """A report with its wall-clock fields (times, start stamps) removed, and the digest that
+    covers them."""
     if isinstance(data, dict):
         return {k: _without_times(v) for k, v in data.items()
-                if k not in ("execution_time", "duration_s", "started_at")}
+                if k not in ("execution_time", "duration_s", "started_at", "digest")}
     if isinstance(data, list):
         return [_without_times(v) for v in data]
     return re.sub(r"started \S+", "", data) if isinstance(data, str) else data
@@ -174,8 +176,10 @@ def _report_files(folder: Path) -> dict[str, str]:
     wall-clock figures (seconds, start stamps) blanked."""
     out = {}
     for path in sorted(folder.rglob("*")):
-        if path.is_file() and not path.name.endswith(".executed.ipynb"):
+        if path.is_file() and not path.name.endswith(".executed.ipynb") and path.name != \
+                ".results-key":  # (each folder's own)
             text = path.read_text(encoding="utf-8") if path.suffix != ".png" else path.name
+            text = re.sub(r'"digest": "[0-9a-f]+"', '"digest": <digest>', text)
             text = re.sub(r"\d{4}-\d\d-\d\dT[\d:.]+(\+00:00|Z)?", "<stamp>", text)
             text = re.sub(r"\b\d+(\.\d+)? s\b", "<s> s", text)
             out[str(path.relative_to(folder))] = re.sub(
@@ -234,10 +238,20 @@ def _three_shards_merged_report_as(unsharded: Path, subs: Path, tmp_path: Path, 
     assert "is empty: nothing to grade" in capsys.readouterr().out
     other = tmp_path / "other"
     shutil.copytree(shards[0], other)
-    (other / "ann-90_toy.json").write_text(
-        (other / "ann-90_toy.json").read_text().replace('"seed": 4', '"seed": 5'))
+    LabResult.from_dict(json.loads((other / "ann-90_toy.json").read_text().replace(
+        '"seed": 4', '"seed": 5'))).write(other / "ann-90_toy.json")  # (sealed by a grader)
     assert main(["merge", str(shards[0]), str(other), "--out", str(tmp_path / "m2")]) == 2
     assert "two different results" in capsys.readouterr().err
+    # a result changed by anything but the grader is refused, and named
+    forged = tmp_path / "forged"
+    shutil.copytree(shards[1], forged)
+    (forged / "ben-90_toy.json").write_text(
+        (forged / "ben-90_toy.json").read_text().replace('"points": 0.0', '"points": 1.0'))
+    assert main(["merge", str(shards[0]), str(forged), str(shards[2]), "--out",
+                 str(tmp_path / "m6")]) == 1
+    said = capsys.readouterr().out
+    assert "refused" in said and "ben-90_toy.json: its digest does not verify" in said
+    assert not (tmp_path / "m6" / "ben-90_toy.json").exists()
     # a lost shard, or one stopped mid-way, is named (the reports are written); so are
     # shards of two splits
     assert main(["merge", str(shards[0]), str(shards[2]), "--out", str(tmp_path / "m3")]) == 1

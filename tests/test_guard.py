@@ -1,6 +1,7 @@
 """The kernel's guard, in this process with the toy lab: seals, the snapshot that names what a
 notebook replaced, and the threads and processes an answer leaves running."""
 import builtins
+import dataclasses
 import functools
 import gc
 import subprocess
@@ -14,7 +15,25 @@ from grader import checks, guard, selfcheck
 
 
 @pytest.fixture
-def armed(tmp_path, monkeypatch):
+def in_kernel(monkeypatch):
+    """The toy lab as if its exercises were still judged in the kernel: the guard's case (it
+    watches the checks of those exercises only)."""
+    from grader import labs
+
+    real = labs.load_lab
+
+    def load_lab(lab_id):
+        lab = real(lab_id)
+        if lab_id != "toy":
+            return lab
+        return dataclasses.replace(lab, exercises=tuple(
+            dataclasses.replace(e, judged_in_kernel=True) for e in lab.exercises))
+
+    monkeypatch.setattr(labs, "load_lab", load_lab)
+
+
+@pytest.fixture
+def armed(tmp_path, monkeypatch, in_kernel):
     monkeypatch.chdir(tmp_path)
     (tmp_path / guard.KEY_FILE).write_bytes(b"k" * 32)
     guard.arm("toy")
@@ -82,7 +101,8 @@ def test_replaced_registered_checks_are_named(armed, monkeypatch):
     assert guard.tampering("toy.add") == ["the registered checks of toy.add"]
 
 
-def test_a_hidden_check_defined_before_a_public_one_is_not_tampering(tmp_path, monkeypatch):
+def test_a_hidden_check_defined_before_a_public_one_is_not_tampering(tmp_path, monkeypatch,
+                                                                    in_kernel):
     # the snapshot keeps the registration order, which checks_for() (public first) does not
     monkeypatch.setitem(checks._REGISTRY, "toy.mul", list(checks._REGISTRY["toy.mul"]))
     checks.check("toy.mul", hidden=True)(lambda mul, ctx: None)

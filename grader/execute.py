@@ -18,7 +18,9 @@ import contextlib
 import copy
 import json
 import math
+import os
 import signal
+import stat
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -506,15 +508,19 @@ class _KernelAnswer(Answer):
         self.run._run_cell(cell, self.index, remaining, late, self.start, "the checks")
         if self.index in self.run.interrupted:
             raise _Interrupted()
-        if not reply.is_file():
+        try:  # (the kernel owns the folder: never follow a link, never wait on a pipe)
+            fd = os.open(reply, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
             error = _reply_error(self.run.client, self.index)
             detail = f"{error[0]}: {error[1]}" if error else "no reply"
             raise AnswerError(f"the grader's probe could not run in your kernel ({detail}): "
                               "answers must not modify the grader or torch's own modules.")
-        if reply.stat().st_size > probe.MAX_REPLY_BYTES:
-            raise CheckFailure(f"what came back from your answer is larger than "
-                               f"{probe.MAX_REPLY_BYTES} bytes.")
-        data = reply.read_bytes()
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode) or info.st_size > probe.MAX_REPLY_BYTES:
+                raise CheckFailure("what came back from your answer is not a probe's reply "
+                                   f"(a file of at most {probe.MAX_REPLY_BYTES} bytes).")
+            data = f.read(probe.MAX_REPLY_BYTES + 1)
         reply.unlink()
         return data
 

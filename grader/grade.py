@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
+import nbformat.v4 as v4
 import papermill
 from papermill.exceptions import PapermillExecutionError
 
@@ -249,6 +250,34 @@ def _instructor_files(lab: Lab) -> tuple[str, ...]:
     return tuple(hidden)
 
 
+#: the shortest line of a check's source that, quoted in an output, withholds the output
+QUOTED_LINE = 40
+
+
+def _withhold_check_source(executed: Path, lab: Lab) -> int:
+    """Replace each output of the executed notebook that quotes a line of ``lab``'s checks (of
+    at least QUOTED_LINE characters) with a note, so that no report built from it shows the
+    checks' source, wherever the kernel could read them from; return how many were replaced."""
+    lines = set()
+    for f in (lab.root / "labs" / lab.id).glob("checks*"):
+        for py in [f] if f.is_file() else f.rglob("*.py"):
+            lines |= {t for raw in py.read_text(encoding="utf-8").splitlines()
+                      if len(t := raw.strip()) >= QUOTED_LINE}
+    nb = notebook.read(executed)
+    count = 0
+    for cell in nb.cells:
+        for i, out in enumerate(cell.get("outputs", [])):
+            texts = [out.get("text", "")] + [v for v in out.get("data", {}).values()
+                                            if isinstance(v, str)]
+            if any(line.strip() in lines for t in texts for line in str(t).splitlines()):
+                cell.outputs[i] = v4.new_output("stream", name="stderr", text=(
+                    "[grader] this output quoted the grader's checks and was withheld\n"))
+                count += 1
+    if count:
+        notebook.write(nb, executed)
+    return count
+
+
 def _chown_tree(folder: Path, uid: int, gid: int) -> None:
     os.chown(folder, uid, gid)
     for base, dirs, files in os.walk(folder):
@@ -311,6 +340,9 @@ def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *
             error = f"execution failed: {type(exc).__name__}: {exc}"
         if reference.is_file() and reference.read_bytes() == path.read_bytes():
             keep_warm_cache(home, warm)
+    if executed.is_file() and (withheld := _withhold_check_source(executed, lab)):
+        notes.append(f"{withheld} output(s) of the notebook quoted the grader's checks and were "
+                     "withheld")
 
     results = []
     for e in lab.exercises:

@@ -210,3 +210,14 @@ def test_an_unforeseen_failure_costs_only_that_notebook(tmp_path, monkeypatch):
     ex, result = grade(submit(tmp_path, add=ADD, mul=MUL))
     assert "internal error while grading: KeyError" in result.error
     assert result.lab == "toy" and all(e.status == "error" for e in ex.values())
+
+
+def test_an_output_that_quotes_the_checks_is_withheld_from_every_report(tmp_path):
+    checks = (FIXTURES / "labs" / "toy" / "checks.py").read_text()
+    quoted = "print(" + repr(checks) + ")\n" + ADD
+    ex, result = grade(submit(tmp_path, add=quoted, mul=MUL))
+    assert ex["toy.add"].status == "passed"
+    executed = (tmp_path / "out" / "sub.executed.ipynb").read_text()
+    assert "raise CheckFailure(f\"for ({a}, {b}) expected" not in executed
+    assert "quoted the grader's checks and was withheld" in executed
+    assert "1 output(s) of the notebook quoted the grader's checks" in " ".join(result.notes)

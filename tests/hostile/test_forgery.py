@@ -287,9 +287,6 @@ def test_the_neighbour_scores_full_marks_and_its_hand_in_is_untouched(batch):
 
 
 def test_no_report_holds_a_hidden_checks_source(batch):
-    if not kernel_isolation().namespace:
-        pytest.skip(f"the hidden checks are walled off by a mount namespace: "
-                    f"{kernel_isolation().words}")
     out = batch[1]
     for path in out.rglob("*"):
         if path.is_file() and path.suffix in (".json", ".html", ".md", ".xml", ".csv", ".ipynb"):

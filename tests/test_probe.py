@@ -1,0 +1,100 @@
+"""grader.probe: the plain data that crosses between the learner's kernel and the judge, and the
+records of what an answer raised (milliseconds, in this process)."""
+import io
+import os
+import pickle
+
+import pytest
+import torch
+
+from grader import probe
+from grader.checks import AnswerRaised, CheckFailure, LocalAnswer
+
+
+class LyingStr(str):
+    def __eq__(self, other):
+        return True
+
+    __hash__ = str.__hash__
+
+
+class Scaled(torch.Tensor):
+    pass
+
+
+PLAIN = [None, True, 3, 2.5, 1 + 2j, "s", b"b", [1, (2, 3)], {"a": {1: [torch.ones(2)]}},
+         torch.Size([2, 3]), torch.float64, torch.device("cpu"), (torch.arange(3),)]
+
+
+@pytest.mark.parametrize("value", PLAIN, ids=repr)
+def test_plain_data_crosses_both_ways_unchanged(value):
+    assert probe.plain(value) == ""
+    back = probe.decode(probe.encode(value))
+    assert type(back) is type(value)
+    assert repr(back) == repr(value)
+
+
+@pytest.mark.parametrize("value, phrase", [
+    (LyingStr("x"), "LyingStr, a subclass of str"),
+    ([1, {"k": LyingStr("x")}], "the value[1]['k'] is a LyingStr"),
+    (torch.ones(2).as_subclass(Scaled), "Scaled, a subclass of Tensor"),
+    (lambda: 1, "is a function"),
+    ({object(): 1}, "a key of the value is a object"),
+    (torch.ones(2).to_sparse(), "torch.sparse_coo tensor"),
+])
+def test_what_is_not_plain_is_named(value, phrase):
+    assert phrase in probe.plain(value)
+
+
+def test_a_pickle_that_names_any_class_is_refused_unread():
+    class Boom:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    with pytest.raises(ValueError, match="not plain data"):
+        probe.decode(pickle.dumps(Boom()))
+    buf = io.BytesIO()
+    torch.save(torch.ones(2).as_subclass(Scaled), buf)
+    with pytest.raises(ValueError, match="not plain data"):
+        probe.decode(buf.getvalue())
+
+
+def test_a_reply_too_large_is_refused(monkeypatch):
+    monkeypatch.setattr(probe, "MAX_REPLY_BYTES", 100)
+    with pytest.raises(ValueError, match="at most 100"):
+        probe.decode(probe.encode("x" * 1000))
+
+
+def test_what_the_answer_raised_arrives_as_a_record_with_the_learners_line():
+    ns = {}
+    exec(compile("def f(x):\n    return x + None\n", "/tmp/ipykernel_1/9.py", "exec"), ns)
+    with pytest.raises(AnswerRaised) as info:
+        LocalAnswer(ns["f"], "toy.add")(1)
+    assert info.value.ename == "TypeError"
+    assert info.value.record["where"].startswith(" at line 2 of your cell")
+    assert not info.value.record["ours"]
+
+
+def test_a_non_plain_return_fails_the_check_saying_what_it_is():
+    with pytest.raises(CheckFailure, match="LyingStr, a subclass of str"):
+        LocalAnswer(lambda: LyingStr("x"), "toy.add")()
+
+
+def test_a_check_cannot_send_what_is_not_plain():
+    with pytest.raises(TypeError, match="not plain"):
+        LocalAnswer(lambda f: f(), "toy.add")(lambda: 1)
+
+
+def test_tensors_come_back_detached_on_the_cpu_and_the_answers_rng_is_seeded():
+    x = torch.ones(3, requires_grad=True)
+    got = LocalAnswer(lambda: (x * 2, torch.rand(2)), "toy.add", seed=4)()
+    again = LocalAnswer(lambda: torch.rand(2), "toy.add", seed=4)()
+    assert not got[0].requires_grad and torch.equal(got[1], again)
+
+
+def test_a_kernel_without_torch_encodes_with_pickle(monkeypatch):
+    import sys
+
+    monkeypatch.delitem(sys.modules, "torch")
+    data = probe.encode({"a": [1, 2.5, "x"]})
+    assert data[:2] != b"PK" and probe.decode(data) == {"a": [1, 2.5, "x"]}

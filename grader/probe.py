@@ -116,11 +116,29 @@ def _detached(value: Any) -> Any:
     return value
 
 
+def _holds_torch(value: Any) -> bool:
+    """Whether plain data ``value`` holds a tensor, Size, dtype or device."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    kinds = (torch.Tensor, torch.dtype, torch.device)  # (torch.Size is a tuple)
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, kinds) or type(v) is torch.Size:
+            return True
+        if type(v) in (list, tuple):
+            stack.extend(v)
+        elif type(v) is dict:
+            stack.extend(v.values())
+    return False
+
+
 def encode(value: Any) -> bytes:
-    """``value`` (plain data) as bytes: in ``torch.save``'s format when torch is loaded (tensors
-    need it), else as a pickle of Python's own containers and scalars (a kernel of a lab that
-    never imports torch does not load it to answer)."""
-    if "torch" not in sys.modules:
+    """``value`` (plain data) as bytes: in ``torch.save``'s format when it holds torch's types,
+    else as a pickle of Python's own containers and scalars (so a judge whose data holds no
+    tensor never loads torch to read it)."""
+    if not _holds_torch(value):
         return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     import torch
 

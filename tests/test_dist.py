@@ -115,7 +115,7 @@ def test_the_learners_copy_has_no_solution_and_no_hidden_check(copy):
             looked_for += 1
             leaks += [(what, window, path) for path, windows in shipped.items()
                       if window in windows and (what, path) not in IDIOMS]
-    assert len(secrets) > 100 and looked_for > 2000  # (the grep has something to find)
+    assert len(secrets) > 100 and looked_for > 1500  # (the grep has something to find)
     assert not leaks, "\n".join(f"{w}: {lines} in {p}" for w, lines, p in leaks[:20])
 
 

@@ -98,3 +98,7 @@ def test_a_kernel_without_torch_encodes_with_pickle(monkeypatch):
     monkeypatch.delitem(sys.modules, "torch")
     data = probe.encode({"a": [1, 2.5, "x"]})
     assert data[:2] != b"PK" and probe.decode(data) == {"a": [1, 2.5, "x"]}
+
+
+def test_data_without_tensors_is_a_pickle_even_where_torch_is_loaded():
+    assert probe.encode([1, "x"])[:2] != b"PK" and probe.encode([torch.float32])[:2] == b"PK"

@@ -3,75 +3,27 @@ own engine.
 
 Oracles: ``torch.autograd.grad`` for the gradients, and torch's engine for which nodes run, how
 often and in what order. Calls are observed through saved-tensor hooks: every call of a node
-unpacks what it saved, so the sequence of unpacks is the sequence of node calls. The same graph is
-run by the answer first and by ``torch.autograd.grad`` second (with pre-hooks that name the node
-doing each unpack), and the two sequences are compared. Some graphs are built by two threads:
-sequence numbers count per thread, so there descending ``_sequence_nr()`` is not a valid schedule
-and only dependency counting gives torch's order.
+unpacks what it saved, so the sequence of unpacks is the sequence of node calls. The answer runs
+each graph in the kernel (the probe :func:`labs.autograd.probes.backward_runs`, which reports the
+unpacks it caused, numbered by the order of the packs); the same graph is built here with the same
+builder and run by ``torch.autograd.grad`` (with pre-hooks that name the node doing each unpack),
+and the two sequences are compared. Some graphs are built by two threads: sequence numbers count
+per thread, so there descending ``_sequence_nr()`` is not a valid schedule and only dependency
+counting gives torch's order.
 """
 from __future__ import annotations
 
 from collections import Counter
 
-from grader.checks import CheckFailure, check, exact, plain_tensor
-from labs.autograd.checks._plain import DICTS
-from labs.autograd.checks.graph_walk import (
-    Worker,
-    _ri,
-    crossed_graph,
-    describe,
-    random_graph,
-    torch_graph,
-)
+from grader.checks import AnswerRaised, CheckFailure, check
+from labs.autograd import probes
+from labs.autograd.checks._plain import DICTS, exact_shown, is_a, rebuilt, type_name
+from labs.autograd.checks.graph_walk import describe, torch_graph
 
 EXERCISE = "autograd.engine"
 
 
-class _Recorder:
-    """Saved-tensor hooks that log each unpack, attributed to the node torch's engine is running."""
-
-    def __init__(self):
-        self.log: list[int] = []
-        self.owner: dict[int, object] = {}
-        self.current = None
-        self._tokens = 0
-
-    def pack(self, tensor):
-        """Pack a saved tensor with a fresh token."""
-        self._tokens += 1
-        return (self._tokens, tensor)
-
-    def unpack(self, packed):
-        """Log the token (and the node torch is running, if any)."""
-        token, tensor = packed
-        self.log.append(token)
-        if self.current is not None:
-            self.owner[token] = self.current
-        return tensor
-
-    def hooks(self):
-        """The saved_tensors_hooks context manager for this recorder."""
-        import torch
-
-        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
-
-    def entering(self, node):
-        """A pre-hook that marks `node` as the one torch's engine is running."""
-        def prehook(grad_outputs):
-            self.current = node
-        return prehook
-
-
-def _build(builder):
-    """Run ``builder(rec)`` -> (leaves, output) under a fresh recorder ``rec``; return
-    (recorder, leaves, output)."""
-    rec = _Recorder()
-    with rec.hooks():
-        leaves, out = builder(rec)
-    return rec, leaves, out
-
-
-def _calls(rec: _Recorder, tokens: list[int]) -> list:
+def _calls(rec, tokens: list[int]) -> list:
     """The node calls behind a sequence of unpacks (consecutive unpacks of one node = one call)."""
     calls, last = [], None
     for tok in tokens:
@@ -82,51 +34,61 @@ def _calls(rec: _Recorder, tokens: list[int]) -> list:
     return calls
 
 
-def _verify(run_backward, builder, where: str, *, grad_output: str = "random",
-            counts: bool = True, order: bool = True) -> None:
-    """Build a graph, run the answer then torch's engine on it, and compare.
+def _resolve_in(leaves: list):
+    """A ``resolve`` for :func:`rebuilt`: a leaf by its index, another tensor as its value
+    (requiring grad when it did)."""
+    import torch
 
-    ``grad_output``: ``"random"`` (seeded by the builder's generator via ``builder.g``) or
-    ``"default"`` (the answer is called without one; torch's ``ones_like`` is the oracle's).
-    """
+    def resolve(ref: dict):
+        kind = ref.get("?")
+        if kind == "leaf" and type(ref.get("index")) is int and 0 <= ref["index"] < len(leaves):
+            return leaves[ref["index"]]
+        if kind == "tensor" and type(ref.get("value")) is torch.Tensor:
+            value = ref["value"]
+            if ref.get("requires_grad") is True and value.is_floating_point():
+                value = value.detach().requires_grad_()
+            return value
+        return None
+    return resolve
+
+
+def _verify(seen, where: str, builder, options: dict) -> None:
+    """Compare what the answer did on one graph (``seen``, the probe's entry) with torch's engine
+    on the same graph, built here by ``builder``; raise CheckFailure on a miss."""
     note = (" This graph was built by two threads: sequence numbers count per thread, so a node "
             "made later can carry a lower number than a node it sends gradients to, and ordering "
             "by _sequence_nr() alone runs that node too early. Run a node only when its dependency "
             "count reaches zero." if builder.two_threads else "")
     import torch
 
-    rec, leaves, out = _build(builder)
-    if grad_output == "default":
-        go, args = torch.ones_like(out), (out,)
-    else:
-        go = torch.randn(out.shape, generator=builder.g, dtype=out.dtype)
-        args = (out, go)
-    go_before = go.clone()
-
-    used_engine = []
-    handle = out.grad_fn.register_prehook(lambda grads: used_engine.append(True))
-    try:
-        result = run_backward(*args)
-    except RecursionError:
-        raise CheckFailure(
-            f"on {where}, your engine hit Python's recursion limit. Graphs can be thousands of nodes "
-            "deep: count dependencies with an explicit stack and drive execution from a ready queue "
-            "(a loop), not by recursion.") from None
-    finally:
-        handle.remove()
-    mine = list(rec.log)
-    if used_engine:
+    counts, order = options["counts"], options["order"]
+    rec, leaves, out = builder.build()
+    go = builder.grad_output(out, options["grad_output"] == "default")
+    if type(seen) is not dict:
+        raise CheckFailure("what came back from your run_backward is not the probe's report.")
+    if "raised" in seen:
+        if seen["raised"].get("ename") == "RecursionError":
+            raise CheckFailure(
+                f"on {where}, your engine hit Python's recursion limit. Graphs can be thousands of "
+                "nodes deep: count dependencies with an explicit stack and drive execution from a "
+                "ready queue (a loop), not by recursion.")
+        raise AnswerRaised(seen["raised"])
+    mine = seen.get("tokens")
+    if type(mine) is not list or any(type(t) is not int for t in mine):
+        raise CheckFailure("what came back from your run_backward is not the probe's report.")
+    if seen.get("used_engine"):
         raise CheckFailure("your run_backward ran torch's own engine (backward() or torch.autograd.grad). "
                            "Call the nodes yourself: node(*grads) runs one node's backward.")
-    if any(leaf.grad is not None for leaf in leaves):
+    if seen.get("leaf_grad"):
         raise CheckFailure("after your run_backward a leaf has a .grad: an AccumulateGrad node was called. "
                            "Don't call AccumulateGrad nodes: read the leaf from node.variable and put the "
                            "gradient in the dict you return.")
-    if not torch.equal(go, go_before):
+    if seen.get("grad_output_modified"):
         raise CheckFailure(
             "your run_backward modified grad_output in place. A node may return the very tensor it was "
             "given (AddBackward0 passes its gradient through to both inputs), so accumulate out of place "
             "(a + b), as InputBuffer::add does when a gradient may be shared.")
+    result = rebuilt(seen.get("result"), _resolve_in(leaves))
 
     # the oracle: torch's engine on the same graph, naming the node behind each unpack
     nodes, _, _ = torch_graph(out)
@@ -141,16 +103,18 @@ def _verify(run_backward, builder, where: str, *, grad_output: str = "random",
     theirs = list(rec.log)
 
     # 1. the gradients
-    if not isinstance(result, dict):
-        raise CheckFailure(f"run_backward must return a dict {{leaf tensor: gradient}}; got {type(result).__name__}.")
+    if not is_a(result, dict):
+        raise CheckFailure("run_backward must return a dict {leaf tensor: gradient}; got "
+                           f"{type_name(result)}.")
     # Plain types only, before anything is compared: a dict or tensor subclass could lie about its
     # contents (__iter__, __torch_function__ answering allclose/shape/dtype).
-    exact(result, DICTS, "the value run_backward returned")
-    if any(not isinstance(k, torch.Tensor) for k in result):
+    exact_shown(result, DICTS, "the value run_backward returned")
+    Tensor = torch.Tensor
+    if any(not is_a(k, Tensor) for k in result):
         raise CheckFailure("the dict's keys must be the leaf tensors themselves (AccumulateGrad.variable), "
-                           f"not {type(next(k for k in result if not isinstance(k, torch.Tensor))).__name__}s.")
+                           f"not {type_name(next(k for k in result if not is_a(k, Tensor)))}s.")
     for k in result:
-        plain_tensor(k, "a key of the dict run_backward returned")
+        exact_shown(k, (Tensor, torch.nn.Parameter), "a key of the dict run_backward returned")
     got = {id(k): v for k, v in dict.items(result)}
     leaf_ids = {id(leaf) for leaf in leaves}
     for i, (leaf, want) in enumerate(zip(leaves, expected)):
@@ -164,9 +128,10 @@ def _verify(run_backward, builder, where: str, *, grad_output: str = "random",
             raise CheckFailure(f"on {where}, your dict has no gradient for {label}. Every leaf whose "
                                "AccumulateGrad node is reached from output.grad_fn gets one.")
         g = got[id(leaf)]
-        if not isinstance(g, torch.Tensor):
-            raise CheckFailure(f"on {where}, the gradient of {label} is a {type(g).__name__}, not a tensor.")
-        plain_tensor(g, f"on {where}, the gradient of {label}")
+        if not is_a(g, torch.Tensor):
+            raise CheckFailure(f"on {where}, the gradient of {label} is a {type_name(g)}, not a "
+                               "tensor.")
+        exact_shown(g, (torch.Tensor, torch.nn.Parameter), f"on {where}, the gradient of {label}")
         if g.shape != want.shape or g.dtype != want.dtype:
             raise CheckFailure(
                 f"on {where}, the gradient of {label} has shape {tuple(g.shape)} and dtype {g.dtype}; "
@@ -220,165 +185,56 @@ def _verify(run_backward, builder, where: str, *, grad_output: str = "random",
             f"queue, e.g. heapq on (-node._sequence_nr(), ...).{note}")
 
 
-class _Builder:
-    """A graph builder with the seeded generator it draws from (grad_output is drawn from it too).
-    With ``two_threads``, ``fn(g, worker)`` gets a :class:`Worker` whose jobs run under the
-    recorder's hooks (saved-tensor hooks are thread-local)."""
-
-    def __init__(self, g, fn, two_threads: bool = False):
-        self.g, self.fn, self.two_threads = g, fn, two_threads
-
-    def __call__(self, rec):
-        """Build the graph: (leaves, output)."""
-        if not self.two_threads:
-            return self.fn(self.g)
-        with Worker(context=rec.hooks) as worker:
-            return self.fn(self.g, worker)
-
-
 # --------------------------------------------------------------------------- checks
 
 
-def _fan_out(g):
-    """x (3,) and w (2, 3): h = x * w used twice, x used three times, a constant c."""
-    import torch
-
-    x = torch.randn(3, generator=g, dtype=torch.float64).requires_grad_()
-    w = torch.randn(2, 3, generator=g, dtype=torch.float64).requires_grad_()
-    c = torch.randn(2, 3, generator=g, dtype=torch.float64)
-    h = x * w                                     # x is broadcast to (2, 3)
-    return [x, w], (h.sin() + h * c + x * x).sum()
-
-
-def _diamonds(g):
-    """Five diamonds in a row: an engine without dependency counting runs nodes many times."""
-    import torch
-
-    x = torch.randn(4, generator=g, dtype=torch.float64).requires_grad_()
-    w = torch.randn(4, generator=g, dtype=torch.float64).requires_grad_()
-    h = x * w
-    for _ in range(5):
-        h = torch.tanh(h) * h                     # h feeds two nodes: a diamond per layer
-    return [x, w], h
-
-
-def _two_branches(g):
-    """Two branches built interleaved: FIFO or LIFO queues run them in another order than torch."""
-    import torch
-
-    x = torch.randn(3, generator=g, dtype=torch.float64).requires_grad_()
-    w = torch.randn(3, generator=g, dtype=torch.float64).requires_grad_()
-    a = x.sin()
-    b = w.tanh()
-    a2 = a * x
-    b2 = b * w
-    return [x, w], (a2 * b2.exp() + b2.sigmoid()).sum()
+def _judge(run_backward, name: str, ctx) -> None:
+    """Run the graphs of check ``name`` through the answer in the kernel (one probe call) and
+    compare each with torch's engine on the same graph built here, in order."""
+    seen = run_backward.probe(probes.backward_runs, name, ctx.seed)
+    if type(seen) is not list:
+        raise CheckFailure("what came back from your run_backward is not the probe's report.")
+    for i, (where, builder, options) in enumerate(probes.engine_cases(name, ctx.seed)):
+        _verify(seen[i] if i < len(seen) else None, where, builder, options)
 
 
 @check(EXERCISE)
 def fan_out(run_backward, ctx):
     """gradients match torch.autograd.grad with fan-out, reuse and broadcasting"""
-    _verify(run_backward, _Builder(ctx.generator(10), _fan_out),
-            "(h.sin() + h * c + x * x).sum() with x of shape (3,), h = x * w of shape (2, 3), c constant "
-            "(called without grad_output)",
-            grad_output="default", counts=False, order=False)
+    _judge(run_backward, "fan_out", ctx)
 
 
 @check(EXERCISE)
 def each_node_once(run_backward, ctx):
     """calls every node exactly once, when all its gradients have arrived"""
-    _verify(run_backward, _Builder(ctx.generator(11), _diamonds),
-            "five layers of h = tanh(h) * h (a vector output)", order=False)
+    _judge(run_backward, "each_node_once", ctx)
 
 
 @check(EXERCISE)
 def ready_queue_order(run_backward, ctx):
     """runs ready nodes in the order of torch's ReadyQueue"""
-    _verify(run_backward, _Builder(ctx.generator(12), _two_branches),
-            "two interleaved branches a = x.sin(), b = w.tanh(), a2 = a * x, b2 = b * w, "
-            "then (a2 * b2.exp() + b2.sigmoid()).sum()")
+    _judge(run_backward, "ready_queue_order", ctx)
 
 
 @check(EXERCISE, hidden=True)
 def random_graphs(run_backward, ctx):
     """matches torch's engine on seeded random DAGs with fan-out, reuse, constants and splits"""
-    g = ctx.generator(13)
-    for i in range(8):
-        n_ops = _ri(g, 3, 30)
-        _verify(run_backward, _Builder(g, lambda gen, n=n_ops: random_graph(gen, n)),
-                f"random graph #{i} ({n_ops} ops, seed {ctx.seed})")
+    _judge(run_backward, "random_graphs", ctx)
 
 
 @check(EXERCISE, hidden=True)
 def graphs_built_by_two_threads(run_backward, ctx):
     """graphs built by two threads, where descending _sequence_nr() is not a valid schedule"""
-    g = ctx.generator(16)
-    _verify(run_backward, _Builder(g, crossed_graph, two_threads=True),
-            "h = x.sin() built on one thread, k = (h * w).exp() on a second, then (k + h).sum() "
-            "on the first")
-    for i in range(3):
-        n_ops = _ri(g, 8, 30)
-        _verify(run_backward,
-                _Builder(g, lambda gen, worker, n=n_ops: random_graph(gen, n, worker=worker),
-                         two_threads=True),
-                f"random graph #{i} built by two threads ({n_ops} ops, seed {ctx.seed})")
-
-
-def _split_root(g):
-    """The root is output k of UnbindBackward0 (4 slots); a 0-d leaf and a constant matrix."""
-    import torch
-
-    s = torch.randn((), generator=g, dtype=torch.float64).requires_grad_()
-    m = torch.randn(2, 3, generator=g, dtype=torch.float64).requires_grad_()
-    k = torch.randn(3, 2, generator=g, dtype=torch.float64)          # no grad: None edges
-    y = (m * s) @ k @ (m * s)
-    rows = torch.cat([y, m * s]).unbind(0)                            # a node with 4 outputs
-    return [s, m], rows[1 + _ri(g, 0, 2)]                             # the root: output k of it
-
-
-def _leaf_twice(g):
-    """x * x (two equal edges to one AccumulateGrad) and a leaf the output does not use."""
-    import torch
-
-    x = torch.randn(_ri(g, 1, 4), generator=g, dtype=torch.float64).requires_grad_()
-    unused = torch.randn(2, generator=g, dtype=torch.float64).requires_grad_()
-    return [x, unused], x * x
-
-
-def _mixed_dtypes(g):
-    """A float32 and a float64 leaf, broadcast together: gradients must be summed and cast back."""
-    import torch
-
-    x = torch.randn(3, 1, generator=g).requires_grad_()                       # float32
-    y = torch.randn(1, 4, generator=g, dtype=torch.float64).requires_grad_()  # float64
-    z = x * y                                      # promoted to float64, broadcast to (3, 4)
-    return [x, y], (z.tanh() * x).sum()
+    _judge(run_backward, "graphs_built_by_two_threads", ctx)
 
 
 @check(EXERCISE, hidden=True)
 def edge_cases(run_backward, ctx):
     """a root that is output k of a multi-output node, a 0-d leaf, x * x, an unused leaf, mixed dtypes"""
-    g = ctx.generator(14)
-    _verify(run_backward, _Builder(g, _split_root),
-            "a root taken from torch.cat(...).unbind(0), with a 0-d leaf and a constant matrix")
-    _verify(run_backward, _Builder(g, _leaf_twice), "x * x, with another leaf left unused")
-    _verify(run_backward, _Builder(g, _mixed_dtypes),
-            "a float32 leaf of shape (3, 1) times a float64 leaf of shape (1, 4)")
-
-
-def _chain(g):
-    """A chain of 3000 ops (sin, add of x, scale): too deep for a recursive engine."""
-    import torch
-
-    x = torch.randn(2, generator=g, dtype=torch.float64).requires_grad_()
-    y = x
-    for i in range(3000):
-        y = y * 0.999 if i % 2 else torch.sin(y) + x
-    return [x], y.sum()
+    _judge(run_backward, "edge_cases", ctx)
 
 
 @check(EXERCISE, hidden=True)
 def deep_chain(run_backward, ctx):
     """runs a chain of thousands of nodes without recursion"""
-    _verify(run_backward, _Builder(ctx.generator(15), _chain), "a chain of 3000 ops",
-            counts=False, order=False)
+    _judge(run_backward, "deep_chain", ctx)

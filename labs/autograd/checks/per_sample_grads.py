@@ -9,11 +9,10 @@ model runs once per call (a forward pre-hook counts), and the module, its parame
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-from grader.checks import CheckFailure, check, exact, plain_tensor
-from labs.autograd.checks._plain import DICTS
+from grader.checks import AnswerRaised, CheckFailure, check
+from labs.autograd import probes
+from labs.autograd.checks._plain import DICTS, exact_shown, is_a, rebuilt, type_name
 
 EXERCISE = "autograd.per-sample-grads"
 
@@ -30,57 +29,45 @@ def _loop(model, loss_fn, inputs, targets):
     return {n: torch.stack([r[j] for r in rows]) for j, n in enumerate(names)}
 
 
-def _init(model, gen, dtype, device):
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) / max(1, p.shape[-1] if p.dim() else 1) ** 0.5)
-    return model.to(device=device, dtype=dtype)
+def _seen(seen, i: int) -> dict:
+    """Entry ``i`` of what :func:`labs.autograd.probes.per_sample_runs` gave; what the answer
+    raised there is raised here."""
+    entry = seen[i] if type(seen) is list and i < len(seen) else None
+    if type(entry) is not dict:
+        raise CheckFailure("what came back from your per_sample_grads is not the probe's report.")
+    if "raised" in entry:
+        raise AnswerRaised(entry["raised"])
+    return entry
 
 
-def _mlp(gen, dims, dtype, device):
-    layers = []
-    for i in range(len(dims) - 1):
-        layers += [_quietly(lambda: nn.Linear(dims[i], dims[i + 1])), nn.Tanh()]
-    return _init(nn.Sequential(*layers[:-1]), gen, dtype, device)
+def _judge(answer, name: str, ctx) -> None:
+    """Run the cases of check ``name`` through the answer in the kernel (one probe call) and
+    compare each with the per-example loop on the same model and batch, built here."""
+    seen = answer.probe(probes.per_sample_runs, name, ctx.seed, ctx.device)
+    for i, (label, model, loss_fn, x, y, tol) in enumerate(
+            probes.per_sample_cases(name, ctx.seed, ctx.device)):
+        _compare(rebuilt(_seen(seen, i).get("got")), model, loss_fn, x, y, label, **tol)
 
 
-def _quietly(make):
-    """Build a module without drawing from the global RNG (its default init would)."""
-    with torch.random.fork_rng(devices=[]):
-        return make()
-
-
-class _ConvNet(nn.Module):
-    """A small conv model with a frozen parameter and a buffer."""
-
-    def __init__(self, c_in, c_mid, classes, length):
-        super().__init__()
-        self.conv = nn.Conv1d(c_in, c_mid, 3, padding=1)
-        self.head = nn.Linear(c_mid * length, classes)
-        self.temperature = nn.Parameter(torch.ones(()), requires_grad=False)   # frozen
-        self.register_buffer("shift", torch.zeros(c_in, 1))
-
-    def forward(self, x):
-        h = torch.relu(self.conv(x - self.shift))
-        return self.head(h.flatten(1)) / self.temperature
-
-
-def _compare(answer, model, loss_fn, inputs, targets, label, rtol=1e-4, atol=1e-6):
+def _compare(got, model, loss_fn, inputs, targets, label, rtol=1e-4, atol=1e-6):
+    """Compare what the answer returned (rebuilt from the probe's report) with the per-example
+    loop on ``model``; raise CheckFailure on a miss."""
     want = _loop(model, loss_fn, inputs, targets)
-    got = answer(model, loss_fn, inputs, targets)
-    if not isinstance(got, dict):
-        raise CheckFailure(f"per_sample_grads returned {type(got).__name__}; return a dict "
+    if not is_a(got, dict):
+        raise CheckFailure(f"per_sample_grads returned {type_name(got)}; return a dict "
                            "{parameter name: per-sample gradient}.")
     # Plain types only, before anything is compared: a dict, str or tensor subclass could lie
     # (__eq__, __iter__, __torch_function__ answering allclose, shape or dtype).
-    exact(got, DICTS, "the value per_sample_grads returned")
+    exact_shown(got, DICTS, "the value per_sample_grads returned")
     for key, value in dict.items(got):
-        if not isinstance(key, str):
+        if not is_a(key, str):
             raise CheckFailure(f"{label}: the dict's keys should be parameter names (str), as "
-                               f"model.named_parameters() gives them; one is {type(key).__name__}.")
-        exact(key, str, f"{label}: the key {str.__repr__(key)}")
-        if isinstance(value, torch.Tensor):
-            plain_tensor(value, f"{label}: the value for {str.__repr__(key)}")
+                               f"model.named_parameters() gives them; one is {type_name(key)}.")
+        shown_key = str.__repr__(key) if type(key) is str else repr(key)
+        exact_shown(key, str, f"{label}: the key {shown_key}")
+        if is_a(value, torch.Tensor):
+            exact_shown(value, (torch.Tensor, torch.nn.Parameter),
+                        f"{label}: the value for {shown_key}")
     if list(got) != list(want):
         missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
         raise CheckFailure(
@@ -92,7 +79,8 @@ def _compare(answer, model, loss_fn, inputs, targets, label, rtol=1e-4, atol=1e-
     for name, w in want.items():
         g = got[name]
         if not isinstance(g, torch.Tensor):
-            raise CheckFailure(f"{label}: the value for {name!r} is {type(g).__name__}, not a tensor.")
+            raise CheckFailure(f"{label}: the value for {name!r} is {type_name(g)}, not a tensor.")
+        g = g.to(w.device)                 # (what comes back from the kernel is on the CPU)
         if tuple(g.shape) != tuple(w.shape):
             raise CheckFailure(
                 f"{label}: {name!r} has shape {tuple(g.shape)}; expected (batch, *param.shape) = "
@@ -111,44 +99,26 @@ def _compare(answer, model, loss_fn, inputs, targets, label, rtol=1e-4, atol=1e-
 @check(EXERCISE)
 def matches_per_example_loop(answer, ctx):
     """matches a per-example torch.autograd.grad loop on a small MLP with MSE loss"""
-    gen = ctx.generator(20)
-    model = _mlp(gen, [5, 8, 3], torch.float32, ctx.device)
-    x = torch.randn(6, 5, generator=gen).to(ctx.device)
-    y = torch.randn(6, 3, generator=gen).to(ctx.device)
-    _compare(answer, model, F.mse_loss, x, y, "MLP 5->8->3, batch 6, mse_loss")
+    _judge(answer, "matches_per_example_loop", ctx)
 
 
 @check(EXERCISE)
 def one_vectorized_call_model_untouched(answer, ctx):
     """runs the model once for the whole batch and leaves parameters and .grad untouched"""
-    gen = ctx.generator(21)
-    model = _mlp(gen, [4, 6, 2], torch.float32, ctx.device)
-    x = torch.randn(5, 4, generator=gen).to(ctx.device)
-    y = torch.randn(5, 2, generator=gen).to(ctx.device)
-    params = dict(model.named_parameters())
-    before = {n: p.detach().clone() for n, p in params.items()}
-    first = params["0.weight"]
-    first.grad = torch.full_like(first, 7.0)          # a .grad left over from training
-    calls = []
-    handle = model.register_forward_pre_hook(lambda mod, args: calls.append(1))
-    try:
-        answer(model, F.mse_loss, x, y)
-    finally:
-        handle.remove()
-    if len(calls) != 1:
+    seen = _seen(answer.probe(probes.per_sample_runs, "one_vectorized_call_model_untouched",
+                              ctx.seed, ctx.device), 0)
+    if seen.get("runs") != 1:
         raise CheckFailure(
-            f"the model ran {len(calls)} times for a batch of 5; the contract is one run of the "
-            "model per call, on all examples together, not a Python loop of one-example passes.")
-    now = dict(model.named_parameters())
-    if list(now) != list(params) or any(now[n] is not params[n] for n in params):
+            f"the model ran {seen.get('runs')} times for a batch of 5; the contract is one run of "
+            "the model per call, on all examples together, not a Python loop of one-example "
+            "passes.")
+    if seen.get("replaced") is not False:
         raise CheckFailure("per_sample_grads replaced the model's parameters; leave the module "
                            "as it was (torch.func.functional_call runs a module with other tensors "
                            "without assigning them).")
-    for n, p in params.items():
-        if not torch.equal(p.detach(), before[n]):
-            raise CheckFailure(f"per_sample_grads changed the values of {n!r}.")
-    if not torch.equal(first.grad, torch.full_like(first, 7.0)) or any(
-            p.grad is not None for n, p in params.items() if n != "0.weight"):
+    for n in seen.get("changed") or []:
+        raise CheckFailure(f"per_sample_grads changed the values of {n!r}.")
+    if seen.get("grads_changed") is not False:
         raise CheckFailure("per_sample_grads changed some parameter's .grad; the gradients are "
                            "the result, not a side effect: leave every .grad as it was (no "
                            ".backward()).")
@@ -158,30 +128,10 @@ def one_vectorized_call_model_untouched(answer, ctx):
 @check(EXERCISE, hidden=True)
 def random_mlps_cross_entropy(answer, ctx):
     """seeded random MLPs with cross-entropy: odd batch sizes and a batch of one"""
-    gen = ctx.generator(22)
-    for batch in (1, 7, int(torch.randint(2, 12, (1,), generator=gen)) * 2 + 1):
-        depth = int(torch.randint(1, 4, (1,), generator=gen))
-        dims = [int(d) for d in torch.randint(2, 9, (depth + 1,), generator=gen)]
-        model = _mlp(gen, dims, torch.float32, ctx.device)
-        x = torch.randn(batch, dims[0], generator=gen).to(ctx.device)
-        y = torch.randint(0, dims[-1], (batch,), generator=gen).to(ctx.device)
-        _compare(answer, model, F.cross_entropy, x, y,
-                 f"MLP {dims}, batch {batch}, cross_entropy")
+    _judge(answer, "random_mlps_cross_entropy", ctx)
 
 
 @check(EXERCISE, hidden=True)
 def frozen_parameter_buffer_conv(answer, ctx):
     """a conv model in float64 with a frozen parameter and a buffer: only trainable parameters"""
-    gen = ctx.generator(23)
-    c_in, c_mid, classes, length = (int(v) for v in torch.randint(2, 5, (4,), generator=gen))
-    batch = int(torch.randint(1, 5, (1,), generator=gen)) * 2 + 1
-    model = _init(_quietly(lambda: _ConvNet(c_in, c_mid, classes, length)), gen, torch.float64,
-                  ctx.device)
-    with torch.no_grad():
-        model.temperature.fill_(1.5)
-        model.shift.copy_(torch.randn(c_in, 1, generator=gen))
-    x = torch.randn(batch, c_in, length, generator=gen, dtype=torch.float64).to(ctx.device)
-    y = torch.randint(0, classes, (batch,), generator=gen).to(ctx.device)
-    _compare(answer, model, F.cross_entropy, x, y,
-             f"Conv1d({c_in}->{c_mid}) + Linear, float64, batch {batch}, a frozen parameter and a "
-             "buffer", rtol=1e-7, atol=1e-9)
+    _judge(answer, "frozen_parameter_buffer_conv", ctx)

@@ -1,0 +1,897 @@
+"""The autograd lab's probes: what runs in the learner's kernel when an exercise is judged (see
+``grader.probe``). Each builds the inputs an answer needs from plain parameters (an autograd graph
+from a seed, a model, a batch), calls the answer, and returns what it observed as plain data; the
+judges in ``labs/autograd/checks`` build the same inputs in the grader's process with the same
+builders (defined here, public), compute torch's answer and decide. Nothing here knows a right
+answer.
+
+What an answer returns is reduced by :func:`shown`: plain values stay as they are; every dict
+becomes ``{"?": "dict", "type": ..., "items": [[key, value], ...]}`` (its keys need not be str);
+objects that are graph parts (a Node, a leaf tensor) become references the judge can resolve in its
+own copy of the graph; anything else becomes ``{"?": "object", "type": ..., "base": ...}`` (its
+type's name and the builtin type it derives from), so that a subclass that could lie about its
+contents is refused for its type.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import functools
+
+from grader.checks import probe
+from grader.probe import raised
+
+#: the builtin types an object's marker names as its base (the first that it is an instance of)
+_BASES = ("bool", "int", "float", "complex", "str", "bytes", "list", "tuple", "dict")
+#: the dict types whose contents :func:`shown` lists (exactly these types)
+_DICTS = (dict, collections.OrderedDict, collections.defaultdict)
+_SCALARS = (type(None), bool, int, float, complex, str, bytes)
+
+
+# --------------------------------------------------------------------------- reducing answers
+def shown(value, ref=None):
+    """``value`` as plain data (see the module's docstring). ``ref(obj)`` is asked first for every
+    object that is not a plain scalar or container: it returns a plain stand-in (a marker dict
+    with a ``"?"`` key) or None for the default (a plain tensor as itself, else an object
+    marker). Returns plain data only; never raises for what the answer returned."""
+    import torch
+
+    t = type(value)
+    if t in _SCALARS:
+        return value
+    if t in (list, tuple):
+        return t(shown(v, ref) for v in value)
+    if t in _DICTS:
+        return {"?": "dict", "type": t.__name__,
+                "items": [[shown(k, ref), shown(v, ref)] for k, v in dict.items(value)]}
+    if ref is not None and (r := ref(value)) is not None:
+        return r
+    if t in (torch.Tensor, torch.nn.Parameter):
+        return value
+    return marker(value)
+
+
+def marker(value) -> dict:
+    """``{"?": "object", "type": its name, "base": the builtin type it derives from (or
+    "Tensor"), or None}`` for an object that is not plain data."""
+    import builtins
+
+    import torch
+
+    base = next((b for b in _BASES if isinstance(value, getattr(builtins, b))), None)
+    if base is None and isinstance(value, torch.Tensor):
+        base = "Tensor"
+    return {"?": "object", "type": type(value).__name__, "base": base}
+
+
+def is_node(obj) -> bool:
+    """Whether ``obj`` is an autograd Node (a C++ node or a custom Function's BackwardCFunction,
+    torch/autograd/graph.py: Node)."""
+    import torch
+
+    try:
+        return isinstance(obj, torch.autograd.graph.Node)
+    except Exception:
+        return False
+
+
+def next_sequence_nr() -> int:
+    """The ``_sequence_nr()`` the next Node made on this thread will carry (one Node is made to
+    read it: aten/src/ATen/SequenceNumber.h, a thread_local counter)."""
+    import torch
+
+    leaf = torch.zeros((), requires_grad=True)
+    return (leaf * 1).grad_fn._sequence_nr() + 1
+
+
+def graph_ref(leaves: list):
+    """A ``ref`` for :func:`shown` that names graph parts: a Node as ``{"?": "node", "type":
+    name, "seq": _sequence_nr(), "leaf": index in ``leaves`` of its variable (AccumulateGrad), or
+    -1}``; a tensor of ``leaves`` as ``{"?": "leaf", "index": i}``; another plain tensor as
+    ``{"?": "tensor", "value": detached, "requires_grad": bool}``."""
+    import torch
+
+    index = {id(t): i for i, t in enumerate(leaves)}
+
+    def ref(obj):
+        if is_node(obj):
+            try:
+                seq = int(obj._sequence_nr())
+            except Exception:
+                seq = -1
+            leaf = -1
+            if type(obj).__name__ == "AccumulateGrad":
+                leaf = index.get(id(getattr(obj, "variable", None)), -1)
+            return {"?": "node", "type": type(obj).__name__, "seq": seq, "leaf": leaf}
+        if type(obj) in (torch.Tensor, torch.nn.Parameter):
+            if id(obj) in index and obj is leaves[index[id(obj)]]:
+                return {"?": "leaf", "index": index[id(obj)]}
+            return {"?": "tensor", "value": obj.detach(), "requires_grad": obj.requires_grad}
+        return None
+
+    return ref
+
+
+# --------------------------------------------------------------------------- graphs
+def ri(g, lo: int, hi: int) -> int:
+    """A seeded integer in [lo, hi] drawn from generator ``g``."""
+    import torch
+
+    return int(torch.randint(lo, hi + 1, (1,), generator=g))
+
+
+def generator(seed: int, offset: int):
+    """A CPU ``torch.Generator`` seeded with ``seed + offset`` (as ``CheckContext.generator``)."""
+    import torch
+
+    return torch.Generator().manual_seed(seed + offset)
+
+
+def _twice_function():
+    """A tiny custom autograd.Function (its node is a Python ``...Backward`` node)."""
+    import torch
+
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * 2
+
+    return Twice
+
+
+def random_graph(g, n_ops: int = 20, *, custom_function: bool = False, worker=None):
+    """A seeded random DAG of float64 vector ops with fan-out, reuse, constants and splits.
+
+    Returns ``(leaves, output)``: the leaves that require grad (some may end up unused) and a
+    non-leaf output (a vector, summed to a scalar half of the time). ``custom_function`` mixes in
+    a custom ``autograd.Function`` node (not callable as ``node(*grads)``: walk-only graphs).
+    ``worker``: a :class:`Worker`; then the calling thread and the worker's thread take turns
+    building the ops, so nodes the worker makes late carry lower sequence numbers than the
+    calling thread's nodes they point to.
+    """
+    import torch
+
+    n = ri(g, 1, 5)
+    leaves = [torch.randn(n, generator=g, dtype=torch.float64).requires_grad_()
+              for _ in range(ri(g, 2, 4))]
+    consts = [torch.randn(n, generator=g, dtype=torch.float64) for _ in range(2)]
+    pool = list(leaves) + consts
+    twice = _twice_function() if custom_function else None
+
+    def pick():
+        if ri(g, 0, 2) == 0:                      # anything made so far: fan-out and reuse
+            return pool[ri(g, 0, len(pool) - 1)]
+        return pool[max(0, len(pool) - 1 - ri(g, 0, 3))]   # something recent: depth
+
+    def make(kind, a, b):
+        """The tensors op ``kind`` makes from ``a`` and ``b``."""
+        if kind == 0:
+            new = [torch.mul(a, b)]
+        elif kind == 1:
+            new = [torch.add(a, b)]
+        elif kind == 2:
+            new = [torch.tanh(a)]
+        elif kind == 3:
+            new = [torch.mul(torch.sin(a), a)]
+        elif kind == 4:
+            new = [torch.mul(a, a)]                 # the same tensor twice: two equal edges
+        elif kind == 5:
+            new = [torch.sub(a, b)]
+        elif kind == 6:
+            new = [torch.mul(a, consts[ri(g, 0, 1)])]   # an input without grad: a None edge
+        elif kind == 7:                                 # a multi-output node, outputs used or not
+            parts = torch.split(torch.cat([a, b]), n)
+            new = [p for p, keep in zip(parts, (ri(g, 0, 1), 1)) if keep]
+        elif kind == 8:
+            new = [torch.sum(torch.stack([a, b, a]), 0)]
+        elif kind == 9 and twice is not None:
+            new = [twice.apply(a)]
+        else:
+            new = [torch.mul(torch.sigmoid(a), b)]
+        return new
+
+    in_worker = False
+    for _ in range(n_ops):
+        kind, a, b = ri(g, 0, 10), pick(), pick()
+        if worker is not None and ri(g, 0, 2) == 0:   # runs of ops on either thread
+            in_worker = not in_worker
+        new = worker.run(make, kind, a, b) if in_worker else make(kind, a, b)
+        pool.extend(t for t in new if t.requires_grad)
+    made = [t for t in pool if t.grad_fn is not None]
+    if not made:
+        made = [torch.mul(leaves[0], leaves[-1])]
+    picked = made[-ri(g, 1, min(4, len(made))):]
+    if ri(g, 0, 2) == 0 and len(made) > len(picked):
+        picked.append(made[ri(g, 0, len(made) - 1)])
+    out = functools.reduce(torch.add, picked)
+    if ri(g, 0, 1):
+        out = torch.sum(out)
+    return leaves, out
+
+
+class Worker:
+    """A second thread that builds parts of a graph; use as ``with Worker() as w: w.run(fn,
+    *args)``.
+
+    Sequence numbers are per thread (``aten/src/ATen/SequenceNumber.h``: a ``thread_local``
+    counter, which ``torch/csrc/autograd/node.h: Node::Node`` reads), and the worker's counts from
+    0. Entering moves the calling thread's counter to at least ``reserve`` (more numbers than the
+    worker will use), so that no two nodes of the graph share a number: among equal numbers the
+    ready queue's order is its heap's, which no answer could replay. ``context``: a callable
+    returning a context manager to enter around each job in the worker (saved-tensor hooks and
+    grad mode are thread-local too).
+    """
+
+    def __init__(self, reserve: int = 1000, context=None):
+        self.reserve, self.context = reserve, context or contextlib.nullcontext
+
+    def __enter__(self):
+        import torch
+
+        leaf = torch.zeros((), requires_grad=True)
+        while (leaf * 1).grad_fn._sequence_nr() < self.reserve:   # one node per turn
+            pass
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)   # one thread
+        return self
+
+    def __exit__(self, *exc):
+        self._pool.shutdown(wait=True)
+
+    def run(self, fn, *args):
+        """``fn(*args)``, run on the worker thread."""
+        def job():
+            with self.context():
+                return fn(*args)
+        return self._pool.submit(job).result()
+
+
+def crossed_graph(g, worker):
+    """The smallest graph where descending ``_sequence_nr()`` is no schedule: ``h = x.sin()``
+    here, ``k = (h * w).exp()`` on ``worker`` (numbered from 0, below ``h``'s node), then
+    ``(k + h).sum()`` here. Returns ``([x, w], output)``; float64 leaves of a seeded shape."""
+    import torch
+
+    n = ri(g, 1, 5)
+    x, w = (torch.randn(n, generator=g, dtype=torch.float64).requires_grad_() for _ in range(2))
+    h = torch.sin(x)
+    k = worker.run(lambda: torch.exp(torch.mul(h, w)))
+    return [x, w], torch.sum(torch.add(k, h))
+
+
+def mlp(g):
+    """A two-layer perceptron with hand-made parameters: ``(params, loss)``, a 0-d float32
+    loss of ``((tanh(x @ w1.T + b1) @ w2.T + b2) ** 2).mean()``."""
+    import torch
+
+    x = torch.randn(5, 3, generator=g)
+    w1 = (torch.randn(4, 3, generator=g) * 0.5).requires_grad_()
+    b1 = torch.randn(4, generator=g).requires_grad_()
+    w2 = (torch.randn(2, 4, generator=g) * 0.5).requires_grad_()
+    b2 = torch.randn(2, generator=g).requires_grad_()
+    hidden = torch.tanh(x @ w1.T + b1)
+    loss = ((hidden @ w2.T + b2) ** 2).mean()
+    return [w1, b1, w2, b2], loss
+
+
+# --------------------------------------------------------------------------- graph-walk
+def walk_cases(name: str, seed: int):
+    """The graphs check ``name`` of ``autograd.graph-walk`` walks, built lazily in order (they
+    share a generator): yields ``(where, leaves, output, base)`` where ``base`` is the
+    ``_sequence_nr()`` of the first node built on the calling thread (a worker's nodes carry
+    lower numbers)."""
+    import torch
+
+    if name == "small_mlp":
+        base = next_sequence_nr()
+        leaves, loss = mlp(generator(seed, 0))
+        yield ("the MLP loss ((tanh(x @ w1.T + b1) @ w2.T + b2) ** 2).mean()", leaves, loss,
+               base)
+    elif name == "shared_subexpression":
+        g = generator(seed, 1)
+        x = torch.randn(3, generator=g).requires_grad_()
+        w = torch.randn(3, generator=g).requires_grad_()
+        c = torch.randn(3, generator=g)
+        base = next_sequence_nr()
+        h = x * w
+        out = (h.sin() + h * c + x * x).sum()
+        yield ("(h.sin() + h * c + x * x).sum() with h = x * w and c constant", [x, w], out,
+               base)
+    elif name == "random_graphs":
+        g = generator(seed, 2)
+        for i in range(6):
+            n_ops = ri(g, 3, 30)
+            base = next_sequence_nr()
+            leaves, out = random_graph(g, n_ops, custom_function=bool(i % 2))
+            yield f"random graph #{i} ({n_ops} ops, seed {seed})", leaves, out, base
+    elif name == "graphs_built_by_two_threads":
+        g = generator(seed, 5)
+        with Worker() as worker:
+            base = next_sequence_nr()
+            leaves, out = crossed_graph(g, worker)
+        yield ("h = x.sin() built on one thread, k = (h * w).exp() on a second, then "
+               "(k + h).sum() on the first", leaves, out, base)
+        for i in range(3):
+            n_ops = ri(g, 8, 30)
+            with Worker() as worker:
+                base = next_sequence_nr()
+                leaves, out = random_graph(g, n_ops, custom_function=bool(i % 2),
+                                           worker=worker)
+            yield (f"random graph #{i} built by two threads ({n_ops} ops, seed {seed})", leaves,
+                   out, base)
+    elif name == "edge_cases":
+        g = generator(seed, 3)
+        s = torch.randn((), generator=g).requires_grad_()
+        m = torch.randn(2, 3, generator=g).requires_grad_()
+        k = torch.randn(3, 2, generator=g)
+        base = next_sequence_nr()
+        y = (m * s) @ k @ (m * s)             # the same leaves reached along four paths
+        parts = torch.cat([y.flatten(), m.flatten()]).split(3)
+        root = parts[ri(g, 0, len(parts) - 1)] * s * s
+        yield "a graph built from a 0-d leaf s, a 2x3 leaf m and a split", [s, m], root, base
+        lone = torch.randn(4, generator=g).requires_grad_()
+        base = next_sequence_nr()
+        yield "lone.exp() for a leaf `lone` (two nodes, one edge)", [lone], lone.exp(), base
+    elif name == "deep_chain":
+        g = generator(seed, 4)
+        x = torch.randn(2, generator=g, dtype=torch.float64).requires_grad_()
+        base = next_sequence_nr()
+        y = x
+        for i in range(4000 + ri(g, 0, 500)):
+            y = y * 0.999 if i % 2 else y + x
+        yield "a chain of about 4000 ops", [x], y, base
+    else:
+        raise ValueError(f"no graph-walk check {name!r}")
+
+
+@probe
+def walks(walk_graph, name: str, seed: int) -> list:
+    """``walk_graph(output)`` on each graph of :func:`walk_cases` ``(name, seed)``, in order, up
+    to the first that raises. Returns one entry per graph walked: ``{"base": the case's base
+    sequence number, "got": shown(what it returned)}`` (Nodes and leaves named by
+    :func:`graph_ref`), the last one ``{"raised": record}`` when the answer raised there."""
+    out = []
+    for _, leaves, output, base in walk_cases(name, seed):
+        try:
+            got = walk_graph(output)
+        except Exception as exc:
+            out.append({"raised": raised(exc)})
+            break
+        out.append({"base": base, "got": shown(got, graph_ref(leaves))})
+    return out
+
+
+# --------------------------------------------------------------------------- engine
+class Recorder:
+    """Saved-tensor hooks that log each unpack, attributed to the node torch's engine is running
+    (``torch/autograd/graph.py: saved_tensors_hooks``): every call of a node unpacks what it
+    saved, so the sequence of unpacks is the sequence of node calls. Tokens count the packs in
+    the order the forward made them, the same wherever the same graph is built."""
+
+    def __init__(self):
+        self.log: list[int] = []
+        self.owner: dict[int, object] = {}
+        self.current = None
+        self._tokens = 0
+
+    def pack(self, tensor):
+        """Pack a saved tensor with a fresh token."""
+        self._tokens += 1
+        return (self._tokens, tensor)
+
+    def unpack(self, packed):
+        """Log the token (and the node torch is running, if any)."""
+        token, tensor = packed
+        self.log.append(token)
+        if self.current is not None:
+            self.owner[token] = self.current
+        return tensor
+
+    def hooks(self):
+        """The saved_tensors_hooks context manager for this recorder."""
+        import torch
+
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+    def entering(self, node):
+        """A pre-hook that marks ``node`` as the one torch's engine is running."""
+        def prehook(grad_outputs):
+            self.current = node
+        return prehook
+
+
+class GraphBuilder:
+    """A graph builder with the seeded generator it draws from (grad_output is drawn from it
+    too). With ``two_threads``, ``fn(g, worker)`` gets a :class:`Worker` whose jobs run under
+    the recorder's hooks (saved-tensor hooks are thread-local)."""
+
+    def __init__(self, g, fn, two_threads: bool = False):
+        self.g, self.fn, self.two_threads = g, fn, two_threads
+
+    def build(self):
+        """Build the graph under a fresh :class:`Recorder`: ``(recorder, leaves, output)``."""
+        rec = Recorder()
+        with rec.hooks():
+            if not self.two_threads:
+                leaves, out = self.fn(self.g)
+            else:
+                with Worker(context=rec.hooks) as worker:
+                    leaves, out = self.fn(self.g, worker)
+        return rec, leaves, out
+
+    def grad_output(self, out, default: bool):
+        """The gradient of ``out`` the engine starts from: ``ones_like`` when ``default``, else
+        drawn from the builder's generator (float ``out.dtype``, ``out.shape``)."""
+        import torch
+
+        if default:
+            return torch.ones_like(out)
+        return torch.randn(out.shape, generator=self.g, dtype=out.dtype)
+
+
+def _fan_out(g):
+    """x (3,) and w (2, 3): h = x * w used twice, x used three times, a constant c."""
+    import torch
+
+    x = torch.randn(3, generator=g, dtype=torch.float64).requires_grad_()
+    w = torch.randn(2, 3, generator=g, dtype=torch.float64).requires_grad_()
+    c = torch.randn(2, 3, generator=g, dtype=torch.float64)
+    h = x * w                                     # x is broadcast to (2, 3)
+    return [x, w], (h.sin() + h * c + x * x).sum()
+
+
+def _diamonds(g):
+    """Five diamonds in a row: an engine without dependency counting runs nodes many times."""
+    import torch
+
+    x = torch.randn(4, generator=g, dtype=torch.float64).requires_grad_()
+    w = torch.randn(4, generator=g, dtype=torch.float64).requires_grad_()
+    h = x * w
+    for _ in range(5):
+        h = torch.tanh(h) * h                     # h feeds two nodes: a diamond per layer
+    return [x, w], h
+
+
+def _two_branches(g):
+    """Two branches built interleaved: FIFO or LIFO queues run them in another order than
+    torch."""
+    import torch
+
+    x = torch.randn(3, generator=g, dtype=torch.float64).requires_grad_()
+    w = torch.randn(3, generator=g, dtype=torch.float64).requires_grad_()
+    a = x.sin()
+    b = w.tanh()
+    a2 = a * x
+    b2 = b * w
+    return [x, w], (a2 * b2.exp() + b2.sigmoid()).sum()
+
+
+def _split_root(g):
+    """The root is output k of UnbindBackward0 (4 slots); a 0-d leaf and a constant matrix."""
+    import torch
+
+    s = torch.randn((), generator=g, dtype=torch.float64).requires_grad_()
+    m = torch.randn(2, 3, generator=g, dtype=torch.float64).requires_grad_()
+    k = torch.randn(3, 2, generator=g, dtype=torch.float64)          # no grad: None edges
+    y = (m * s) @ k @ (m * s)
+    rows = torch.cat([y, m * s]).unbind(0)                            # a node with 4 outputs
+    return [s, m], rows[1 + ri(g, 0, 2)]                              # the root: output k of it
+
+
+def _leaf_twice(g):
+    """x * x (two equal edges to one AccumulateGrad) and a leaf the output does not use."""
+    import torch
+
+    x = torch.randn(ri(g, 1, 4), generator=g, dtype=torch.float64).requires_grad_()
+    unused = torch.randn(2, generator=g, dtype=torch.float64).requires_grad_()
+    return [x, unused], x * x
+
+
+def _mixed_dtypes(g):
+    """A float32 and a float64 leaf, broadcast together: gradients must be summed and cast
+    back."""
+    import torch
+
+    x = torch.randn(3, 1, generator=g).requires_grad_()                       # float32
+    y = torch.randn(1, 4, generator=g, dtype=torch.float64).requires_grad_()  # float64
+    z = x * y                                      # promoted to float64, broadcast to (3, 4)
+    return [x, y], (z.tanh() * x).sum()
+
+
+def _chain(g):
+    """A chain of 3000 ops (sin, add of x, scale): too deep for a recursive engine."""
+    import torch
+
+    x = torch.randn(2, generator=g, dtype=torch.float64).requires_grad_()
+    y = x
+    for i in range(3000):
+        y = y * 0.999 if i % 2 else torch.sin(y) + x
+    return [x], y.sum()
+
+
+def engine_cases(name: str, seed: int):
+    """The graphs check ``name`` of ``autograd.engine`` runs, in order (they may share a
+    generator, so build each, and draw its grad_output, before asking for the next): yields
+    ``(where, builder, options)``, ``builder`` a :class:`GraphBuilder`, ``options`` a dict of
+    ``grad_output`` (``"random"`` or ``"default"``: the answer is called without one), and
+    ``counts`` / ``order`` (whether node calls are counted / ordered)."""
+    full = {"grad_output": "random", "counts": True, "order": True}
+    if name == "fan_out":
+        yield ("(h.sin() + h * c + x * x).sum() with x of shape (3,), h = x * w of shape (2, 3), "
+               "c constant (called without grad_output)",
+               GraphBuilder(generator(seed, 10), _fan_out),
+               {"grad_output": "default", "counts": False, "order": False})
+    elif name == "each_node_once":
+        yield ("five layers of h = tanh(h) * h (a vector output)",
+               GraphBuilder(generator(seed, 11), _diamonds), {**full, "order": False})
+    elif name == "ready_queue_order":
+        yield ("two interleaved branches a = x.sin(), b = w.tanh(), a2 = a * x, b2 = b * w, "
+               "then (a2 * b2.exp() + b2.sigmoid()).sum()",
+               GraphBuilder(generator(seed, 12), _two_branches), full)
+    elif name == "random_graphs":
+        g = generator(seed, 13)
+        for i in range(8):
+            n_ops = ri(g, 3, 30)
+            yield (f"random graph #{i} ({n_ops} ops, seed {seed})",
+                   GraphBuilder(g, lambda gen, n=n_ops: random_graph(gen, n)), full)
+    elif name == "graphs_built_by_two_threads":
+        g = generator(seed, 16)
+        yield ("h = x.sin() built on one thread, k = (h * w).exp() on a second, then "
+               "(k + h).sum() on the first", GraphBuilder(g, crossed_graph, True), full)
+        for i in range(3):
+            n_ops = ri(g, 8, 30)
+            yield (f"random graph #{i} built by two threads ({n_ops} ops, seed {seed})",
+                   GraphBuilder(g, lambda gen, worker, n=n_ops: random_graph(gen, n,
+                                                                             worker=worker),
+                                True), full)
+    elif name == "edge_cases":
+        g = generator(seed, 14)
+        yield ("a root taken from torch.cat(...).unbind(0), with a 0-d leaf and a constant "
+               "matrix", GraphBuilder(g, _split_root), full)
+        yield "x * x, with another leaf left unused", GraphBuilder(g, _leaf_twice), full
+        yield ("a float32 leaf of shape (3, 1) times a float64 leaf of shape (1, 4)",
+               GraphBuilder(g, _mixed_dtypes), full)
+    elif name == "deep_chain":
+        yield ("a chain of 3000 ops", GraphBuilder(generator(seed, 15), _chain),
+               {"grad_output": "random", "counts": False, "order": False})
+    else:
+        raise ValueError(f"no engine check {name!r}")
+
+
+@probe
+def backward_runs(run_backward, name: str, seed: int) -> list:
+    """``run_backward(output, grad_output)`` (or ``run_backward(output)``) on each graph of
+    :func:`engine_cases` ``(name, seed)``, in order, up to the first call that raises. Returns
+    one entry per graph: ``{"result": shown(what it returned)`` (leaves named by index, other
+    tensors with their value and ``requires_grad``: :func:`graph_ref`), ``"tokens"``: the
+    saved-tensor unpacks of its run, in order (:class:`Recorder`), ``"used_engine"``: whether
+    torch's engine ran the root node, ``"leaf_grad"``: whether a leaf got a ``.grad``,
+    ``"grad_output_modified"``: whether grad_output changed in place``}``; the last one
+    ``{"raised": record}`` when the answer raised there."""
+    import torch
+
+    out = []
+    for _, builder, options in engine_cases(name, seed):
+        rec, leaves, output = builder.build()
+        default = options["grad_output"] == "default"
+        go = builder.grad_output(output, default)
+        go_before = go.clone()
+        used_engine = []
+        handle = output.grad_fn.register_prehook(lambda grads: used_engine.append(True))
+        try:
+            result = run_backward(output) if default else run_backward(output, go)
+        except Exception as exc:
+            out.append({"raised": raised(exc)})
+            break
+        finally:
+            handle.remove()
+        out.append({"result": shown(result, graph_ref(leaves)), "tokens": list(rec.log),
+                    "used_engine": bool(used_engine),
+                    "leaf_grad": any(leaf.grad is not None for leaf in leaves),
+                    "grad_output_modified": not torch.equal(go, go_before)})
+    return out
+
+
+# --------------------------------------------------------------------------- custom-function
+def _applier(function, observed: list):
+    """``f(x, beta)``: ``function.apply(x, beta)``, noting in ``observed`` what each call gave
+    (each different observation once): ``{"type", "base"`` (of the output, as :func:`marker`
+    names them), ``"shape", "dtype", "grad_fn"`` (its type's name, or None), ``"own_node"``
+    (whether ``grad_fn`` is the node ``apply`` recorded for ``function``:
+    torch/autograd/function.py, BackwardCFunction), ``"input_shape", "input_dtype",
+    "recording"`` (whether the input required grad with grad mode on)``}``."""
+    import torch
+    from torch.autograd.function import BackwardCFunction
+
+    def f(x, beta):
+        out = function.apply(x, beta)
+        seen = {**marker(out), "shape": None, "dtype": None, "grad_fn": None, "own_node": False,
+                "input_shape": list(x.shape), "input_dtype": x.dtype,
+                "recording": bool(x.requires_grad and torch.is_grad_enabled())}
+        if type(out) is torch.Tensor:
+            node = out.grad_fn
+            seen.update(shape=list(out.shape), dtype=out.dtype,
+                        grad_fn=None if node is None else type(node).__name__,
+                        own_node=isinstance(node, BackwardCFunction)
+                        and getattr(node, "_forward_cls", None) is function)
+        if seen not in observed:
+            observed.append(seen)
+        return out
+
+    return f
+
+
+def _numerical(fn, inputs: list, eps: float) -> list:
+    """``fn`` evaluated at each input element moved by +eps and by -eps (torch's gradcheck's
+    numerical Jacobian, torch/autograd/gradcheck.py: _compute_numerical_gradient): for each
+    input, ``[plus, minus]``, each of shape ``(input.numel(), *output.shape)`` (a
+    :func:`marker` when an output was no plain tensor)."""
+    import torch
+
+    out = []
+    for k, x in enumerate(inputs):
+        sides = []
+        for sign in (1, -1):
+            rows = []
+            for i in range(x.numel()):
+                moved = [t.detach().clone() for t in inputs]
+                moved[k].view(-1)[i] += sign * eps
+                rows.append(_plain_or_marker(fn(*[t.requires_grad_() for t in moved])))
+            bad = next((r for r in rows if type(r) is dict), None)
+            sides.append(bad or (torch.stack(rows) if rows else torch.zeros(0)))
+        out.append(sides)
+    return out
+
+
+def _analytical(output, inputs: list) -> list:
+    """The Jacobian of ``output`` with respect to each of ``inputs`` by one vector-Jacobian
+    product per output element (gradcheck's analytical Jacobian): for each input, a tensor of
+    shape ``(output.numel(), input.numel())`` (zeros where the output does not depend on it or
+    does not require grad; a :func:`marker` when the backward gave a tensor subclass)."""
+    import torch
+
+    rows = [[] for _ in inputs]
+    flat = output.reshape(-1)
+    for j in range(flat.numel()):
+        if output.requires_grad:
+            grads = torch.autograd.grad(flat[j], inputs, retain_graph=True, allow_unused=True)
+        else:
+            grads = [None] * len(inputs)
+        for k, (x, g) in enumerate(zip(inputs, grads)):
+            g = torch.zeros(x.numel(), dtype=x.dtype) if g is None else _plain_or_marker(g)
+            rows[k].append(g if type(g) is dict else g.reshape(-1))
+    out = []
+    for r, x in zip(rows, inputs):
+        bad = next((g for g in r if type(g) is dict), None)
+        out.append(bad or (torch.stack(r) if r else torch.zeros(0, x.numel(), dtype=x.dtype)))
+    return out
+
+
+def _plain_or_marker(t):
+    """``t`` detached when it is a plain tensor, else its :func:`marker`."""
+    import torch
+
+    return t.detach() if type(t) in (torch.Tensor, torch.nn.Parameter) else marker(t)
+
+
+def _softplus_request(f, request: list) -> dict:
+    """One request of :func:`softplus_runs` (its docstring says which), as far as it gets."""
+    import torch
+
+    kind, x, beta = request[0], request[1], request[2]
+    got: dict = {}
+    try:
+        if kind == "value":
+            got["out"] = shown(f(x, beta))
+        elif kind == "derivatives":
+            v, u = request[3], request[4]
+            t = x.detach().clone().requires_grad_()
+            (grad,) = torch.autograd.grad(f(t, beta), t, v, create_graph=True)
+            got["grad"] = shown(grad)
+            got["grad_requires_grad"] = bool(grad.requires_grad)
+            if grad.requires_grad:
+                (hvp,) = torch.autograd.grad(grad, t, u, allow_unused=True)
+                got["hvp"] = shown(hvp)
+        elif kind == "jacobians":
+            eps, go = request[3], request[4]
+            if go is None:                         # f itself
+                def fn(t):
+                    return f(t, beta)
+                inputs = [x.detach().clone().requires_grad_()]
+            else:                                  # its backward, as gradgradcheck takes it
+                def fn(t, g):
+                    return torch.autograd.grad(f(t, beta), t, g, create_graph=True)[0]
+                inputs = [x.detach().clone().requires_grad_(),
+                          go.detach().clone().requires_grad_()]
+            output = fn(*inputs)
+            got["output_requires_grad"] = bool(output.requires_grad)
+            got["analytical"] = _analytical(output, inputs)
+            got["numerical"] = _numerical(fn, inputs, eps)
+        elif kind == "saves":
+            packed = []
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(1) or t,
+                                                          lambda t: t):
+                out = f(x.detach().clone().requires_grad_(), beta)
+            got["packed"] = len(packed)
+            out.sum().backward()
+    except Exception as exc:
+        got["raised"] = raised(exc)
+        got["runtime_error"] = isinstance(exc, RuntimeError)
+    return got
+
+
+@probe
+def softplus_runs(Softplus, requests: list) -> dict:
+    """Run ``Softplus.apply`` as each request asks, in order. Returns ``{"function": whether
+    Softplus is a class deriving from torch.autograd.Function, "type": its type's name,
+    "results": [one dict per request]}``; each result has ``"applied"`` (what each call of
+    ``apply`` gave: :func:`_applier`) and, as far as the request got before the answer raised
+    (then ``"raised"``: a record, and ``"runtime_error"``: whether it is a RuntimeError):
+
+    - ``["value", x, beta]``: ``"out"``: ``apply(x, beta)`` (:func:`shown`);
+    - ``["derivatives", x, beta, v, u]``: ``"grad"``: the vector-Jacobian product with ``v``
+      taken with ``create_graph=True``, ``"grad_requires_grad"``, and ``"hvp"``: the gradient
+      of that with ``u`` (None when it does not depend on x);
+    - ``["jacobians", x, beta, eps, go]``: for ``f = apply(., beta)`` (``go`` None) or for its
+      backward ``(x, go) -> vjp(f, x, go)`` with ``create_graph`` (gradgradcheck's function):
+      ``"analytical"`` (:func:`_analytical`), ``"numerical"`` (:func:`_numerical`) and
+      ``"output_requires_grad"``;
+    - ``["saves", x, beta]``: ``"packed"``: how many tensors ``apply`` saved through
+      saved-tensor hooks, then a backward of the output's sum.
+    """
+    import torch
+
+    is_function = isinstance(Softplus, type) and issubclass(Softplus, torch.autograd.Function)
+    results = []
+    if is_function:
+        for request in requests:
+            observed: list = []
+            got = _softplus_request(_applier(Softplus, observed), request)
+            results.append({"applied": observed, **got})
+    return {"function": is_function, "type": type(Softplus).__name__, "results": results}
+
+
+# --------------------------------------------------------------------------- per-sample-grads
+def _init(model, gen, dtype, device):
+    """``model`` with every parameter drawn from ``gen`` (scaled by 1/sqrt(fan-in)), moved to
+    ``dtype`` and ``device``."""
+    import torch
+
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen)
+                    / max(1, p.shape[-1] if p.dim() else 1) ** 0.5)
+    return model.to(device=device, dtype=dtype)
+
+
+def _quietly(make):
+    """Build a module without drawing from the global RNG (its default init would)."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        return make()
+
+
+def per_sample_mlp(gen, dims, dtype, device):
+    """An ``nn.Sequential`` of Linear layers of widths ``dims`` with Tanh between them, its
+    parameters drawn from ``gen``."""
+    from torch import nn
+
+    layers = []
+    for i in range(len(dims) - 1):
+        layers += [_quietly(lambda i=i: nn.Linear(dims[i], dims[i + 1])), nn.Tanh()]
+    return _init(nn.Sequential(*layers[:-1]), gen, dtype, device)
+
+
+def _conv_net(c_in, c_mid, classes, length):
+    """A small conv model (``Conv1d`` then ``Linear``) with a frozen parameter ``temperature``
+    and a buffer ``shift``."""
+    import torch
+    from torch import nn
+
+    class ConvNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv1d(c_in, c_mid, 3, padding=1)
+            self.head = nn.Linear(c_mid * length, classes)
+            self.temperature = nn.Parameter(torch.ones(()), requires_grad=False)   # frozen
+            self.register_buffer("shift", torch.zeros(c_in, 1))
+
+        def forward(self, x):
+            h = torch.relu(self.conv(x - self.shift))
+            return self.head(h.flatten(1)) / self.temperature
+
+    return ConvNet()
+
+
+def per_sample_cases(name: str, seed: int, device: str = "cpu"):
+    """The cases check ``name`` of ``autograd.per-sample-grads`` runs, built lazily in order
+    (they share a generator): yields ``(label, model, loss_fn, inputs, targets, tolerances)``,
+    ``tolerances`` a dict of ``rtol`` and ``atol``."""
+    import torch
+    import torch.nn.functional as F
+
+    loose = {"rtol": 1e-4, "atol": 1e-6}
+    if name == "matches_per_example_loop":
+        gen = generator(seed, 20)
+        model = per_sample_mlp(gen, [5, 8, 3], torch.float32, device)
+        x = torch.randn(6, 5, generator=gen).to(device)
+        y = torch.randn(6, 3, generator=gen).to(device)
+        yield "MLP 5->8->3, batch 6, mse_loss", model, F.mse_loss, x, y, loose
+    elif name == "one_vectorized_call_model_untouched":
+        gen = generator(seed, 21)
+        model = per_sample_mlp(gen, [4, 6, 2], torch.float32, device)
+        x = torch.randn(5, 4, generator=gen).to(device)
+        y = torch.randn(5, 2, generator=gen).to(device)
+        yield "MLP 4->6->2, batch 5, mse_loss", model, F.mse_loss, x, y, loose
+    elif name == "random_mlps_cross_entropy":
+        gen = generator(seed, 22)
+        for batch in (1, 7, int(torch.randint(2, 12, (1,), generator=gen)) * 2 + 1):
+            depth = int(torch.randint(1, 4, (1,), generator=gen))
+            dims = [int(d) for d in torch.randint(2, 9, (depth + 1,), generator=gen)]
+            model = per_sample_mlp(gen, dims, torch.float32, device)
+            x = torch.randn(batch, dims[0], generator=gen).to(device)
+            y = torch.randint(0, dims[-1], (batch,), generator=gen).to(device)
+            yield (f"MLP {dims}, batch {batch}, cross_entropy", model, F.cross_entropy, x, y,
+                   loose)
+    elif name == "frozen_parameter_buffer_conv":
+        gen = generator(seed, 23)
+        c_in, c_mid, classes, length = (int(v) for v in torch.randint(2, 5, (4,), generator=gen))
+        batch = int(torch.randint(1, 5, (1,), generator=gen)) * 2 + 1
+        model = _init(_quietly(lambda: _conv_net(c_in, c_mid, classes, length)), gen,
+                      torch.float64, device)
+        with torch.no_grad():
+            model.temperature.fill_(1.5)
+            model.shift.copy_(torch.randn(c_in, 1, generator=gen))
+        x = torch.randn(batch, c_in, length, generator=gen, dtype=torch.float64).to(device)
+        y = torch.randint(0, classes, (batch,), generator=gen).to(device)
+        yield (f"Conv1d({c_in}->{c_mid}) + Linear, float64, batch {batch}, a frozen parameter "
+               "and a buffer", model, F.cross_entropy, x, y, {"rtol": 1e-7, "atol": 1e-9})
+    else:
+        raise ValueError(f"no per-sample-grads check {name!r}")
+
+
+@probe
+def per_sample_runs(per_sample_grads, name: str, seed: int, device: str = "cpu") -> list:
+    """``per_sample_grads(model, loss_fn, inputs, targets)`` on each case of
+    :func:`per_sample_cases` ``(name, seed, device)``, in order, up to the first that raises.
+    In check ``one_vectorized_call_model_untouched`` the first parameter gets a ``.grad`` of
+    sevens before the call (one left over from training). Returns one entry per case:
+    ``{"got": shown(what it returned), "runs": how many
+    times the model's forward ran, "replaced": whether named_parameters() no longer gives the
+    same Parameter objects, "changed": [names of parameters whose values changed],
+    "grads_changed": whether some parameter's .grad changed}``, the last one ``{"raised":
+    record}`` when the answer raised there."""
+    import torch
+
+    out = []
+    for _, model, loss_fn, x, y, _ in per_sample_cases(name, seed, device):
+        params = dict(model.named_parameters())
+        before = {n: p.detach().clone() for n, p in params.items()}
+        first = next(iter(params.values()))
+        leftover = name == "one_vectorized_call_model_untouched"
+        if leftover:
+            first.grad = torch.full_like(first, 7.0)
+        calls = []
+        handle = model.register_forward_pre_hook(lambda mod, args: calls.append(1))
+        try:
+            got = per_sample_grads(model, loss_fn, x, y)
+        except Exception as exc:
+            out.append({"raised": raised(exc)})
+            break
+        finally:
+            handle.remove()
+        now = dict(model.named_parameters())
+        out.append({
+            "got": shown(got), "runs": len(calls),
+            "replaced": list(now) != list(params) or any(now[n] is not params[n]
+                                                         for n in params),
+            "changed": [n for n, p in params.items() if not torch.equal(p.detach(), before[n])],
+            "grads_changed": (first.grad is None if leftover else first.grad is not None)
+            or (leftover and not torch.equal(first.grad, torch.full_like(first, 7.0)))
+            or any(p.grad is not None for p in list(params.values())[1:])})
+    return out

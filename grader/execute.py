@@ -38,7 +38,7 @@ from traitlets import Int, List, Unicode
 from traitlets.config import Config
 
 from grader import guard, notebook, probe
-from grader.checks import (Answer, AnswerError, CheckFailure, ProbeLost, explain,
+from grader.checks import (Answer, AnswerError, CheckFailure, ProbeLost, Verdict, explain,
                            judged_in_kernel, out_of_memory, run_checks)
 from grader.sandbox import PACKER, Limits, kernel_env
 from grader.selfcheck import VERDICT_MIME
@@ -294,8 +294,8 @@ class GraderEngine(Engine):
             # folder, which holds only what the learner writes), not TCP on localhost
             config=Config(KernelManager={"transport": "ipc", "ip": str(home / "kernel")},
                           SandboxKernelManager={
-                              "memory": limits.memory, "cpu": limits.cpu, "hide": list(limits.hide),
-                              "writable": list(limits.writable),
+                              "memory": limits.memory, "cpu": limits.cpu,
+                              "hide": list(limits.hide), "writable": list(limits.writable),
                               "user": ":".join(map(str, limits.user)) if limits.user else ""}))
         run = _Run(client, nb_man, timeouts, interrupted, limits, key, seed, device, home)
         todo = parts(nb_man.nb)
@@ -432,7 +432,13 @@ class _Run:
         cell = cells[grade_index]  # (papermill puts each probe cell in its place: put it back)
         answer = _KernelAnswer(self, exercise, grade_index, start, limit)
         try:
-            v = run_checks(exercise, answer, seed=self.seed, device=self.device, hidden=True)
+            if stray := answer.strays("after its answer cells ran"):
+                v = Verdict(exercise, "error", stray + " The checks did not run.", 0, 0,
+                            self.seed)
+            else:
+                v = run_checks(exercise, answer, seed=self.seed, device=self.device, hidden=True)
+                if stray := answer.strays("while the checks called it"):
+                    v = Verdict(exercise, "error", stray, 0, 0, self.seed)
         except _Interrupted:
             cells[grade_index] = cell
             return Outcome(exercise, "timeout", self._late(limit, "the checks") + " The kernel "
@@ -491,6 +497,36 @@ class _KernelAnswer(Answer):
         self.folder.mkdir(exist_ok=True)
         self.count = 0
 
+    def strays(self, when: str) -> str:
+        """What the kernel's guard finds running that the answer left behind, in words (its
+        :func:`grader.selfcheck.report_strays`), or ""."""
+        self.count += 1
+        report = self.folder / f"{self.count}.strays"
+        self._cell(f"__import__('grader.selfcheck').selfcheck.report_strays("
+                   f"{str(report)!r}, {when!r})")
+        try:
+            fd = os.open(report, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return ""
+        with os.fdopen(fd, "rb") as f:
+            text = f.read(2000).decode("utf-8", "replace") if stat.S_ISREG(
+                os.fstat(f.fileno()).st_mode) else ""
+        report.unlink()
+        return text
+
+    def _cell(self, source: str) -> None:
+        """Run ``source`` in the kernel, in the grade cell's place, within what is left of the
+        exercise's time limit (_Interrupted past it)."""
+        cell = copy.deepcopy(self.run.nb_man.nb.cells[self.index])
+        cell.source = source
+        remaining = self.limit - (time.monotonic() - self.start)
+        if remaining <= 0:
+            raise _Interrupted()
+        late = self.run._late(self.limit, "the checks")
+        self.run._run_cell(cell, self.index, remaining, late, self.start, "the checks")
+        if self.index in self.run.interrupted:
+            raise _Interrupted()
+
     def send(self, probe_name, args, kwargs) -> bytes:
         self.count += 1
         request = self.folder / f"{self.count}.request"
@@ -499,15 +535,7 @@ class _KernelAnswer(Answer):
         request.write_bytes(probe.encode({
             "answer": self.name, "probe": probe_name, "args": list(args), "kwargs": kwargs,
             "seed": self.seed, "reply": str(reply)}))
-        cell = copy.deepcopy(self.run.nb_man.nb.cells[self.index])
-        cell.source = f"__import__('grader.probe').probe.serve({str(request)!r})"
-        remaining = self.limit - (time.monotonic() - self.start)
-        if remaining <= 0:
-            raise _Interrupted()
-        late = self.run._late(self.limit, "the checks")
-        self.run._run_cell(cell, self.index, remaining, late, self.start, "the checks")
-        if self.index in self.run.interrupted:
-            raise _Interrupted()
+        self._cell(f"__import__('grader.probe').probe.serve({str(request)!r})")
         try:  # (the kernel owns the folder: never follow a link, never wait on a pipe)
             fd = os.open(reply, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:

@@ -175,7 +175,8 @@ def _alive_children() -> list:
 
 def arm(lab_id: str) -> None:
     """Start guarding a grading kernel for ``lab_id``: take the key, load the checks of its
-    exercises still ``judged_in_kernel`` and snapshot what they rely on. Raises RuntimeError when the key file is missing."""
+    exercises still ``judged_in_kernel`` and snapshot what they rely on. Raises RuntimeError
+    when the key file is missing."""
     from grader import checks, selfcheck  # noqa: F401  (snapshot every module the checks run)
     from grader.labs import load_lab
 

@@ -340,7 +340,7 @@ def call(answer: Any, probe_name: str | None, args: tuple, kwargs: dict, seed: i
         with torch_defaults(), seeded_rng(seed):
             value = fn(answer, *args, **kwargs) if fn else answer(*args, **kwargs)
         value = _detached(value)
-        why = plain(value, "the value your answer returned" if fn is None else "what your answer gave")
+        why = plain(value, "what your answer gave" if fn else "the value your answer returned")
         reply = {"unplain": why} if why else {"value": value}
     except KeyboardInterrupt:
         raise

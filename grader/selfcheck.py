@@ -241,6 +241,14 @@ def _strays(when: str) -> str:
             "before it returns: join the threads, wait for the processes.")
 
 
+def report_strays(path: str, when: str) -> None:
+    """The grader's stray cell, before and after it judges an exercise: write to ``path`` what
+    :func:`_strays` finds (threads running the notebook's code, child processes, which are
+    killed), in words, or nothing. An observation in the kernel, like a probe's."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(_strays(when))
+
+
 def grade(exercise_id: str, *, seed: int, device: str,
           _guard=(guard.armed, guard.tampering, guard.seal, guard.key, Verdict,
                   torch_defaults)) -> None:

@@ -895,3 +895,544 @@ def per_sample_runs(per_sample_grads, name: str, seed: int, device: str = "cpu")
             or (leftover and not torch.equal(first.grad, torch.full_like(first, 7.0)))
             or any(p.grad is not None for p in list(params.values())[1:])})
     return out
+
+
+# --------------------------------------------------------------------------- checkpoint
+def checkpoint_block(gen, dims, device, dropout: float = 0.0):
+    """An ``nn.Sequential`` of Linear layers of widths ``dims`` (Tanh and GELU in turn after
+    each, and ``Dropout(dropout)`` when given), its parameters drawn from ``gen``."""
+    import torch
+    from torch import nn
+
+    layers = []
+    for i in range(len(dims) - 1):
+        lin = _quietly(lambda i=i: nn.Linear(dims[i], dims[i + 1]))
+        with torch.no_grad():
+            lin.weight.copy_(torch.randn(lin.weight.shape, generator=gen) / dims[i] ** 0.5)
+            lin.bias.copy_(torch.randn(lin.bias.shape, generator=gen) * 0.1)
+        layers += [lin, nn.Tanh() if i % 2 == 0 else nn.GELU()]
+        if dropout:
+            layers.append(nn.Dropout(dropout))
+    return nn.Sequential(*layers).to(device)
+
+
+def checkpoint_case(name: str, seed: int, device: str = "cpu") -> dict:
+    """What check ``name`` of ``autograd.checkpoint`` runs, built from generator ``seed`` +
+    the check's offset: a dict of ``blocks`` (the modules, in order), ``x`` (the input, which
+    requires grad), ``leaves`` and ``names`` (what gets gradients, and their names), ``fns``
+    (the functions checkpointed, in order) and, for some checks, ``seed`` (the global RNG seed
+    set before a run), ``label`` and the other arguments of the second segment."""
+    import torch
+
+    if name == "gradients_match_autograd":
+        gen = generator(seed, 10)
+        block = checkpoint_block(gen, [6, 9, 5], device)
+        x = torch.randn(4, 6, generator=gen).to(device).requires_grad_()
+        return {"blocks": [block], "x": x, "fns": [block], "leaves": [x, *block.parameters()],
+                "names": ["x"] + [f"block.{n}" for n, _ in block.named_parameters()]}
+    if name == "recomputes_once_saves_only_inputs":
+        gen = generator(seed, 11)
+        block = checkpoint_block(gen, [5, 7, 7, 3], device)
+        x = torch.randn(3, 5, generator=gen).to(device).requires_grad_()
+        return {"blocks": [block], "x": x, "fns": [block], "leaves": [x, *block.parameters()],
+                "names": ["x"] + [f"block.{n}" for n, _ in block.named_parameters()]}
+    if name == "mixed_arguments_and_segments":
+        gen = generator(seed, 12)
+        n = ri(gen, 1, 5)
+        d = [int(v) for v in torch.randint(2, 10, (4,), generator=gen)]
+        block1 = checkpoint_block(gen, d[:3], device)
+        block2 = checkpoint_block(gen, [d[2], d[3]], device)
+        x = torch.randn(n, d[0], generator=gen).to(device).requires_grad_()
+        b = torch.randn(d[3], generator=gen).to(device).requires_grad_()
+        mask = (torch.rand(n, d[3], generator=gen) > 0.3).to(device)     # bool, no grad
+        const = torch.randn(d[3], generator=gen).to(device)              # float, no grad
+        scale = float(torch.rand(1, generator=gen)) + 0.5
+
+        def segment2(h, mask, scale, b, const):
+            return block2(h) * mask * scale + b * const
+
+        return {"blocks": [block1, block2], "x": x, "fns": [block1, segment2],
+                "others": [mask, scale, b, const],
+                "leaves": [x, b, *block1.parameters(), *block2.parameters()],
+                "names": ["x", "b"] + [f"block1.{k}" for k, _ in block1.named_parameters()]
+                + [f"block2.{k}" for k, _ in block2.named_parameters()],
+                "label": f"two segments, batch {n}, dims {d}, a bool mask, a float and "
+                         "tensors without grad among the arguments"}
+    if name == "dropout_rng_replayed":
+        gen = generator(seed, 13)
+        rng_seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
+        n = ri(gen, 2, 6)
+        block = checkpoint_block(gen, [7, 11, 6], device, dropout=0.5)
+        x = torch.randn(n, 7, generator=gen).to(device).requires_grad_()
+        return {"blocks": [block], "x": x, "fns": [block], "seed": rng_seed,
+                "leaves": [x, *block.parameters()],
+                "names": ["x"] + [f"block.{k}" for k, _ in block.named_parameters()],
+                "label": f"dropout(p=0.5) inside fn, batch {n}"}
+    if name == "rng_stream_left_alone":
+        gen = generator(seed, 14)
+        rng_seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
+        block = checkpoint_block(gen, [4, 6, 4], device, dropout=0.25)
+        x = torch.randn(3, 4, generator=gen).to(device).requires_grad_()
+        return {"blocks": [block], "x": x, "fns": [block], "seed": rng_seed,
+                "leaves": [x, *block.parameters()], "names": ["x"]}
+    raise ValueError(f"no checkpoint check {name!r}")
+
+
+def rng_fork(device):
+    """Fork the global RNG(s) of the CPU (and of ``device`` when it is a GPU)."""
+    import torch
+
+    devices = [torch.device(device).index or 0] if str(device).startswith("cuda") else []
+    return torch.random.fork_rng(devices=devices)
+
+
+class _Counted:
+    """Wraps ``fn`` and counts its calls."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.fn(*args)
+
+
+def _plain_tensor(t) -> bool:
+    import torch
+
+    return type(t) in (torch.Tensor, torch.nn.Parameter)
+
+
+@probe
+def checkpoint_run(checkpoint, name: str, seed: int, device: str = "cpu") -> dict:
+    """Run ``checkpoint`` as check ``name`` does on :func:`checkpoint_case` ``(name, seed,
+    device)``: each function of ``fns`` through ``checkpoint(fn, ...)`` (counting fn's calls,
+    packs recorded by saved-tensor hooks), a backward of a scalar, the leaves' ``.grad``. Returns
+    a dict of what was reached, in this order, and ``"raised"`` (a record) when the answer raised
+    on the way:
+
+    - ``"outs"``: what each ``checkpoint`` call returned, as :func:`marker` names it (the run
+      stops at the first that is no plain tensor);
+    - ``"calls"``: how often each fn ran during the forward; ``"packed"``: what the forward
+      packed, each ``{"type", "base", "shape", "argument"`` (whether it is a tensor argument of
+      a checkpoint call, by ``data_ptr()``; only for plain tensors)``}``, and
+      ``"requires_grad"``: whether the last output requires grad;
+    - ``"calls_after"``: how often each fn ran after the backward; ``"grads"``: each leaf's
+      ``.grad`` (:func:`shown`), or ``"rng_after"``: the 8 numbers ``torch.rand`` drew after it
+      (check ``rng_stream_left_alone``).
+    """
+    import torch
+
+    case = checkpoint_case(name, seed, device)
+    fns = [_Counted(fn) for fn in case["fns"]]
+    x, got = case["x"], {}
+    packed: list = []
+
+    def pack(t):
+        packed.append(t)
+        return t.detach()
+
+    try:
+        with rng_fork(device):
+            if "seed" in case:
+                torch.manual_seed(case["seed"])
+            outs, args = [], []
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                for i, fn in enumerate(fns):
+                    a = [x] if i == 0 else [outs[-1], *case["others"]]
+                    args += [t for t in a if isinstance(t, torch.Tensor)]
+                    out = checkpoint(fn, *a)
+                    outs.append(out)
+                    got.setdefault("outs", []).append(marker(out))
+                    if not _plain_tensor(out):
+                        return got
+            allowed = {t.data_ptr() for t in args}
+            got["calls"] = [fn.calls for fn in fns]
+            got["packed"] = [{**marker(t), "shape": list(t.shape) if _plain_tensor(t) else None,
+                              "argument": _plain_tensor(t) and t.data_ptr() in allowed}
+                             for t in packed]
+            got["requires_grad"] = bool(outs[-1].requires_grad)
+            if name == "rng_stream_left_alone":
+                torch.rand(5, device=device)    # other code draws numbers between the passes
+                outs[-1].sum().backward()
+                got["rng_after"] = torch.rand(8, device=device)
+            else:
+                loss = outs[-1].sum() if name == "recomputes_once_saves_only_inputs" \
+                    else outs[-1].pow(2).sum()
+                loss.backward()
+                got["grads"] = [shown(t.grad) for t in case["leaves"]]
+            got["calls_after"] = [fn.calls for fn in fns]
+    except Exception as exc:
+        got["raised"] = raised(exc)
+    return got
+
+
+# --------------------------------------------------------------------------- saved-tensor-hooks
+#: what a subclass of saved_tensors_hooks may not redefine: the probe runs the hooks the object
+#: stores (pack_hook / unpack_hook, set by saved_tensors_hooks.__init__) through its own __enter__
+HOOKS_FIXED = ("__enter__", "__exit__", "__getattribute__", "__getattr__", "__dict__")
+#: what a namedtuple class must leave as tuple's own for its items to be what they seem
+_TUPLE_DUNDERS = ("__iter__", "__len__", "__getitem__", "__contains__", "__eq__", "__ne__",
+                  "__bool__", "__getattribute__", "__getattr__", "__reversed__")
+
+
+def _plain_namedtuple(value) -> bool:
+    """Whether ``value`` is an instance of a namedtuple class that redefines none of tuple's
+    dunders and holds nothing besides its items (``labs.autograd.checks._plain``)."""
+    cls = type(value)
+    if not isinstance(value, tuple) or cls is tuple \
+            or not isinstance(getattr(cls, "_fields", None), tuple):
+        return False
+    own = [k for k in cls.__mro__ if k not in (tuple, object)]
+    if any(name in vars(k) for k in own for name in _TUPLE_DUNDERS):
+        return False
+    try:
+        object.__getattribute__(value, "__dict__")
+    except AttributeError:
+        return True
+    return False
+
+
+def hooks_shape(hooks) -> dict:
+    """What the object ``compressed_saved_tensors(dtype)`` returned is: ``{"type": its type's
+    name, "is_hooks": whether it is a saved_tensors_hooks, "redefined": what of
+    :data:`HOOKS_FIXED` (and which of pack_hook / unpack_hook as data descriptors) a subclass
+    redefines, "has_hooks": whether it stores callable pack_hook and unpack_hook}``."""
+    import torch
+
+    base = torch.autograd.graph.saved_tensors_hooks
+    seen = {"type": type(hooks).__name__, "is_hooks": isinstance(hooks, base), "redefined": [],
+            "has_hooks": False}
+    if not seen["is_hooks"]:
+        return seen
+    own = [k for k in type(hooks).__mro__ if k not in (base, object)]
+
+    def descriptor(value):
+        return hasattr(type(value), "__set__") or hasattr(type(value), "__delete__")
+
+    seen["redefined"] = [name for name in HOOKS_FIXED if any(name in vars(k) for k in own)] + [
+        name for name in ("pack_hook", "unpack_hook")
+        if any(name in vars(k) and descriptor(vars(k)[name]) for k in own)]
+    if not seen["redefined"]:
+        stored = object.__getattribute__(hooks, "__dict__")
+        seen["has_hooks"] = bool(type(stored) is dict and callable(stored.get("pack_hook"))
+                                 and callable(stored.get("unpack_hook")))
+    return seen
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def held(obj, depth: int = 0) -> list:
+    """The tensors a packed object holds (a tensor, tuples/lists/dicts, a namedtuple, an object's
+    attributes, a function's closure; 4 levels deep), in the order they are reached, each
+    ``{**marker, "depth", "dtype", "numel", "shape", "requires_grad"}`` (the last four only for a
+    plain tensor), and where the walk could not look inside honestly (a container that is no
+    exact tuple, list, dict or namedtuple; an object whose ``__dict__`` is no dict) an entry
+    ``{"refused": marker, "depth", "dict": whether it was a __dict__}``."""
+    import types
+
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        entry = {**marker(obj), "depth": depth}
+        if type(obj) in (torch.Tensor, torch.nn.Parameter):
+            entry.update(dtype=obj.dtype, numel=obj.numel(), shape=list(obj.shape),
+                         requires_grad=bool(obj.requires_grad))
+        return [entry]
+    if depth > 4:
+        return []
+    if _plain_namedtuple(obj):
+        items = list(tuple.__iter__(obj))
+    elif isinstance(obj, (tuple, list, dict)):
+        if type(obj) not in (tuple, list, *_DICTS):
+            return [{"refused": marker(obj), "depth": depth, "dict": False}]
+        items = list(dict.values(obj)) if isinstance(obj, dict) else list(obj)
+    elif isinstance(obj, types.FunctionType):
+        items = [c.cell_contents for c in obj.__closure__ or () if _filled(c)]
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+        attributes = object.__getattribute__(obj, "__dict__")
+        if type(attributes) is not dict:
+            return [{"refused": marker(attributes), "depth": depth, "dict": True}]
+        items = list(attributes.values())
+    else:
+        return []
+    return [entry for item in items for entry in held(item, depth + 1)]
+
+
+def _unpacked(out) -> dict:
+    """What an unpack hook returned: its :func:`marker`, and for a plain tensor its ``dtype``,
+    ``shape``, ``device`` and ``value``."""
+    import torch
+
+    entry = marker(out)
+    if type(out) in (torch.Tensor, torch.nn.Parameter):
+        entry.update(dtype=out.dtype, shape=list(out.shape), device=out.device,
+                     value=out.detach())
+    return entry
+
+
+def hooks_mlp(gen, dims, dtype, device):
+    """An ``nn.Sequential`` of Linear layers of widths ``dims`` (Tanh, GELU, Sigmoid, SiLU in
+    turn after each), its parameters drawn from ``gen``, in ``dtype`` on ``device``."""
+    import torch
+    from torch import nn
+
+    layers = []
+    acts = [nn.Tanh, nn.GELU, nn.Sigmoid, nn.SiLU]
+    for i in range(len(dims) - 1):
+        lin = _quietly(lambda i=i: nn.Linear(dims[i], dims[i + 1]))
+        with torch.no_grad():
+            lin.weight.copy_(torch.randn(lin.weight.shape, generator=gen) / dims[i] ** 0.5)
+            lin.bias.copy_(torch.randn(lin.bias.shape, generator=gen) * 0.1)
+        layers += [lin, acts[i % len(acts)]()]
+    return nn.Sequential(*layers).to(device=device, dtype=dtype)
+
+
+def _mlp_forward(gen, dims, batch, dtype, device):
+    import torch
+
+    model = hooks_mlp(gen, dims, dtype, device)
+    x = torch.randn(batch, dims[0], generator=gen, dtype=dtype).to(device).requires_grad_()
+    return [x, *model.parameters()], lambda: (model(x) ** 2).sum()
+
+
+def hooks_cases(name: str, seed: int, device: str = "cpu"):
+    """The cases check ``name`` of ``autograd.saved-tensor-hooks`` runs, built lazily in order
+    (they share a generator): yields dicts of ``label``, ``target`` (the dtype the answer is
+    called with), ``leaves``, ``forward`` (a callable returning a scalar loss, or for ``kind``
+    "dropped", the tensors that must die) and ``kind``: "grads" (the answer's hooks themselves),
+    "spied" (its hooks under a spy), "exact16" (a float16 product, under a spy) or "dropped" (a
+    graph built and dropped without backward)."""
+    import torch
+    from torch import nn
+
+    bf16 = torch.bfloat16
+    if name == "gradients_close_to_uncompressed":
+        leaves, forward = _mlp_forward(generator(seed, 0), [6, 8, 5], 4, torch.float32, device)
+        yield {"label": "small MLP, dtype=torch.bfloat16", "target": bf16, "leaves": leaves,
+               "forward": forward, "kind": "grads"}
+    elif name == "packs_narrow_and_restores":
+        leaves, forward = _mlp_forward(generator(seed, 1), [5, 7, 3], 3, torch.float32, device)
+        yield {"label": "small MLP, dtype=torch.bfloat16", "target": bf16, "leaves": leaves,
+               "forward": forward, "kind": "spied"}
+    elif name == "dropped_graph_is_freed":
+        gen = generator(seed, 5)
+        a = torch.randn(6, generator=gen).to(device=device, dtype=torch.float16)
+
+        def forward():
+            t = a.detach().requires_grad_()
+            y = torch.exp(t * 0.5)                    # ExpBackward0 saves its own output, y
+            z = torch.tanh(y)                         # TanhBackward0 saves its own output, z
+            return [y, z, (z * y).sum()]
+        yield {"label": "", "target": bf16, "leaves": [], "forward": forward, "kind": "dropped"}
+    elif name == "integer_saved_tensors_untouched":
+        gen = generator(seed, 2)
+        rows = 1000 + ri(gen, 0, 499)
+        emb = _quietly(lambda: nn.Embedding(rows, 6))
+        with torch.no_grad():
+            emb.weight.copy_(torch.randn(rows, 6, generator=gen))
+        emb = emb.to(device)
+        idx = torch.randint(0, rows, (9, 4), generator=gen).to(device)
+        pick = torch.randint(0, 6, (9, 4, 1), generator=gen).to(device)
+        w = torch.randn(6, generator=gen).to(device).requires_grad_()
+
+        def forward():
+            h = emb(idx) * w                          # EmbeddingBackward0 saves the int64 indices
+            top, _ = h.max(dim=-1)                    # MaxBackward0 saves int64 indices
+            g = h.gather(-1, pick).squeeze(-1)        # GatherBackward0 saves the int64 index
+            return (top.sigmoid() * g).sum()
+        yield {"label": f"embedding({rows} rows) + max + gather", "target": bf16,
+               "leaves": [emb.weight, w], "forward": forward, "kind": "spied"}
+    elif name == "other_dtypes_and_random_shapes":
+        gen = generator(seed, 3)
+        for dtype, target in [(torch.float32, torch.float16), (torch.float64, bf16),
+                              (torch.float64, torch.float16)]:
+            depth = ri(gen, 2, 4)
+            dims = [int(d) for d in torch.randint(1, 12, (depth + 1,), generator=gen)]
+            batch = ri(gen, 1, 7)
+            leaves, forward = _mlp_forward(gen, dims, batch, dtype, device)
+            yield {"label": f"random MLP {dims}, batch {batch}, {dtype} model, dtype={target}",
+                   "target": target, "leaves": leaves, "forward": forward, "kind": "spied"}
+        # a float16 tensor saved under a bfloat16 target is already 2 bytes wide: keep it as is
+        a = torch.randn(5, 3, generator=gen).to(device=device, dtype=torch.float16)
+        b = torch.randn(5, 3, generator=gen).to(device=device, dtype=torch.float16)
+        a, b = a.requires_grad_(), b.requires_grad_()
+        yield {"label": "a * b in float16", "target": bf16, "leaves": [a, b],
+               "forward": lambda: (a * b).sum(), "kind": "exact16"}
+    elif name == "parameters_saved_directly":
+        gen = generator(seed, 4)
+        n, k, m = (int(d) for d in torch.randint(2, 9, (3,), generator=gen))
+        W = nn.Parameter(torch.randn(k, m, generator=gen).to(device))
+        V = nn.Parameter(torch.randn(m, k, generator=gen).to(device))
+        x = torch.randn(n, k, generator=gen).to(device).requires_grad_()
+        yield {"label": f"x @ W with W a Parameter ({n}x{k} @ {k}x{m})", "target": bf16,
+               "leaves": [x, W, V], "kind": "spied",
+               "forward": lambda: (torch.tanh(x @ W) @ V).pow(2).sum()}  # mm saves W, V
+    else:
+        raise ValueError(f"no saved-tensor-hooks check {name!r}")
+
+
+def _hooks_case(compressed_saved_tensors, case: dict) -> dict:
+    """One case of :func:`hooks_runs`, as far as it gets."""
+    import gc
+    import weakref
+
+    import torch
+
+    got: dict = {}
+    stage = "call"
+    try:
+        hooks = compressed_saved_tensors(case["target"])
+        got["hooks"] = hooks_shape(hooks)
+        if not got["hooks"]["has_hooks"]:
+            return got
+        if case["kind"] == "dropped":
+            stage = "forward"
+            with hooks:                      # float16 under bfloat16: nothing is compressed
+                made = case["forward"]()
+            alive = [weakref.ref(t) for t in made[:2]]
+            del made
+            if any(ref() is not None for ref in alive):
+                gc.collect()                 # (slow: only when reference counts did not do)
+            got["alive"] = any(ref() is not None for ref in alive)
+            return got
+        records: list = []
+        if case["kind"] == "grads":
+            context = hooks
+        else:
+            pack_hook, unpack_hook = hooks.pack_hook, hooks.unpack_hook
+
+            def pack(t):
+                records.append({"packed": pack_hook(t), "out": None})
+                return len(records) - 1
+
+            def unpack(i):
+                out = records[i]["out"] = unpack_hook(records[i]["packed"])
+                return out
+            context = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+        for t in case["leaves"]:
+            t.grad = None
+        stage = "forward"
+        with context:
+            loss = case["forward"]()
+        stage = "backward"
+        loss.backward()
+        stage = "report"
+        got["grads"] = [shown(t.grad) for t in case["leaves"]]
+    except Exception as exc:
+        got.update(raised=raised(exc), stage=stage, runtime_error=isinstance(exc, RuntimeError))
+        return got
+    finally:
+        if case["kind"] != "grads" and "hooks" in got and got["hooks"]["has_hooks"] \
+                and case["kind"] != "dropped":
+            got["records"] = [{"held": held(r["packed"]),
+                               "out": None if r["out"] is None else _unpacked(r["out"])}
+                              for r in records]
+    return got
+
+
+@probe
+def hooks_runs(compressed_saved_tensors, name: str, seed: int, device: str = "cpu") -> list:
+    """Each case of :func:`hooks_cases` ``(name, seed, device)`` run with the answer's hooks, in
+    order, up to the first that fails to finish. Returns one dict per case: ``"hooks"``: what
+    ``compressed_saved_tensors(target)`` returned (:func:`hooks_shape`); for kind "dropped",
+    ``"alive"``: whether the graph built under the hooks outlived being dropped; else ``"grads"``:
+    the leaves' ``.grad`` after a forward under the hooks and a backward (:func:`shown`), and for
+    kinds "spied" and "exact16" ``"records"``: one per tensor packed, in order, ``{"held": what
+    the answer's pack hook returned holds (:func:`held`), "out": what its unpack hook last
+    returned for it (:func:`_unpacked`), or None}``. When the answer raised: ``"raised"`` (a
+    record), ``"stage"`` ("call", "forward", "backward") and ``"runtime_error"``."""
+    out = []
+    for case in hooks_cases(name, seed, device):
+        got = _hooks_case(compressed_saved_tensors, case)
+        out.append(got)
+        if "raised" in got or not got.get("hooks", {}).get("has_hooks"):
+            break
+    return out
+
+
+# --------------------------------------------------------------------------- derivatives
+def _derivative_apply(Fn, values: list):
+    """``Fn.apply`` on fresh leaves made from ``values``: ``(out, leaves, report)``, the report
+    ``{"out": shown(out), "recorded": whether out.grad_fn is the node Fn.apply recorded,
+    "grad_fn": its type's name}``."""
+    import torch
+    from torch.autograd.function import BackwardCFunction
+
+    leaves = [v.detach().clone().requires_grad_() if isinstance(v, torch.Tensor) else v
+              for v in values]
+    out = Fn.apply(*leaves)
+    node = getattr(out, "grad_fn", None) if type(out) is torch.Tensor else None
+    return out, leaves, {
+        "out": shown(out), "grad_fn": type(node).__name__,
+        "recorded": isinstance(node, BackwardCFunction)
+        and getattr(node, "_forward_cls", None) is Fn}
+
+
+def _derivative_request(generate_backward, request: dict) -> dict:
+    """One request of :func:`derivative_runs`, as far as it gets."""
+    import copy
+
+    import torch
+
+    got: dict = {}
+    try:
+        Fn = generate_backward(copy.deepcopy(request["entry"]))
+        got["function"] = isinstance(Fn, type) and issubclass(Fn, torch.autograd.Function)
+        got["type"] = type(Fn).__name__
+        if not got["function"]:
+            return got
+        if request.get("compare") is not None:
+            out, leaves, got["compare"] = _derivative_apply(Fn, request["compare"]["values"])
+            if type(out) is torch.Tensor and got["compare"]["recorded"]:
+                tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+                try:
+                    grads = torch.autograd.grad(out, tensors, request["compare"]["v"],
+                                                allow_unused=True)
+                except RuntimeError as exc:
+                    got["compare"]["grads_raised"] = raised(exc)
+                else:
+                    got["compare"]["grads"] = [shown(g) for g in grads]
+        if request.get("saved") is not None:
+            out, _, got["saved"] = _derivative_apply(Fn, request["saved"]["values"])
+            if type(out) is torch.Tensor and got["saved"]["recorded"]:
+                node = out.grad_fn
+                got["saved"]["names"] = shown(getattr(node, "saved_names", None))
+                got["saved"]["tensors"] = [shown(t) for t in node.saved_tensors]
+                own = node.__dict__
+                got["saved"]["attributes"] = {k: shown(own[k]) for k in request["saved"]["keys"]
+                                              if k in own}
+    except Exception as exc:
+        got["raised"] = raised(exc)
+    return got
+
+
+@probe
+def derivative_runs(generate_backward, requests: list) -> list:
+    """For each request ``{"entry": a derivatives.yaml entry (a dict), "compare": {"values",
+    "v"} or None, "saved": {"values", "keys"} or None}``, in order up to the first where the
+    answer raised: ``Fn = generate_backward(copy of entry)``, then
+
+    - ``"compare"``: ``Fn.apply`` on leaves made from ``values`` (arguments in schema order)
+      (:func:`_derivative_apply`) and, when its output is recorded by Fn's node,
+      ``"grads"``: ``torch.autograd.grad(out, tensor leaves, v, allow_unused=True)``
+      (:func:`shown`), or ``"grads_raised"`` (a record of the RuntimeError it raised);
+    - ``"saved"``: the same on other values, then from the node: ``"names"``:
+      ``ctx.saved_names``, ``"tensors"``: ``ctx.saved_tensors``, ``"attributes"``: the node's
+      attributes of the names in ``keys`` (all :func:`shown`).
+
+    Returns one dict per request with ``"function"`` (whether Fn is a class deriving from
+    torch.autograd.Function), ``"type"`` and those, or ``"raised"``."""
+    out = []
+    for request in requests:
+        got = _derivative_request(generate_backward, request)
+        out.append(got)
+        if "raised" in got:
+            break
+    return out

@@ -7,6 +7,10 @@ targets.
 * :func:`mlp`: ``nn.Linear`` and ``nn.ReLU`` layers, for the graph pass, ONNX and AOTInductor.
 * ``torch.ops.course.linear_relu``: ``relu(x @ weight.T + bias)`` as one custom operator
   (``torch.library.custom_op`` with a fake kernel, so export can trace through it).
+* The models the checks export (built in the learner's kernel too, when an answer is judged):
+  :class:`Block`, :class:`Stack`, :class:`Tied` and :class:`Writes` (export.signature),
+  :class:`Mixed` (export.graph-pass), :class:`Mixer` and :class:`Kwargs`
+  (export.mini-interpreter).
 """
 from __future__ import annotations
 
@@ -102,3 +106,128 @@ def linear_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> to
 @linear_relu.register_fake
 def _(x, weight, bias):
     return x.new_empty(x.shape[0], weight.shape[0])
+
+
+# ----------------------------------------------------------------------------- the checks' models
+class Block(nn.Module):
+    """``tanh(lin(x) * gain + shift)``: a Linear, a non-persistent buffer ``gain``, a constant
+    ``shift`` and, when ``counted``, a persistent int64 buffer ``seen`` that forward adds 1 to."""
+
+    def __init__(self, width: int, g: torch.Generator, counted: bool):
+        super().__init__()
+        self.lin = nn.Linear(width, width)
+        self.register_buffer("gain", torch.rand(width, generator=g) + 0.5, persistent=False)
+        self.shift = torch.randn(width, generator=g)
+        self.counted = counted
+        if counted:
+            self.register_buffer("seen", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x):
+        if self.counted:
+            self.seen.add_(1)
+        return torch.tanh(self.lin(x) * self.gain + self.shift)
+
+
+class Stack(nn.Module):
+    """A root buffer ``steps`` (forward adds 1), ``blocks`` of :class:`Block`, a root constant
+    ``bias`` read after the blocks, and a Linear ``out``."""
+
+    def __init__(self, width: int, counted: list[bool], g: torch.Generator):
+        super().__init__()
+        self.register_buffer("steps", torch.zeros(1))
+        self.blocks = nn.ModuleList(Block(width, g, c) for c in counted)
+        self.bias = torch.randn(width, generator=g)
+        self.out = nn.Linear(width, 2)
+
+    def forward(self, x):
+        self.steps.add_(1)
+        for block in self.blocks:
+            x = block(x)
+        return self.out(x + self.bias)
+
+
+class Tied(nn.Module):
+    """``head(body(embed(x)))`` where ``head.weight`` is ``embed.weight`` (square, no bias)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.embed = nn.Linear(width, width, bias=False)
+        self.body = nn.Linear(width, width)
+        self.head = nn.Linear(width, width, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, x):
+        return self.head(torch.relu(self.body(self.embed(x))))
+
+
+class Writes(nn.Module):
+    """``forward(x, state, extra)`` writes the inputs named in ``writes`` in place (in that
+    order), accumulates a persistent buffer ``total``, and returns ``n_out`` tensors."""
+
+    def __init__(self, width: int, writes: list[str], n_out: int):
+        super().__init__()
+        self.lin = nn.Linear(width, width)
+        self.register_buffer("total", torch.zeros(width))
+        self.writes, self.n_out = writes, n_out
+
+    def forward(self, x, state, extra):
+        for name in self.writes:
+            {"x": x, "state": state, "extra": extra}[name].add_(1)
+        y = self.lin(x) + state
+        self.total.add_(y.sum(0))
+        return (y, state.sum(), extra * 2)[: self.n_out]
+
+
+class Mixed(nn.Module):
+    """Every near miss of the graph pass's pattern, and one pair that is the pattern: ``a`` feeds
+    a relu and a residual add (addmm with two users), ``b`` has no bias (mm), ``c``'s relu takes
+    a product, ``d`` is a plain linear + relu (the one rewrite), ``e`` has no relu. Weights are
+    drawn from ``g`` when given."""
+
+    def __init__(self, width: int, out: int, g: torch.Generator | None = None):
+        super().__init__()
+        self.a, self.b = nn.Linear(width, width), nn.Linear(width, width, bias=False)
+        self.c, self.d = nn.Linear(width, width), nn.Linear(width, width)
+        self.e = nn.Linear(width, out)
+        if g is not None:
+            with torch.no_grad():
+                for p in self.parameters():
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+
+    def forward(self, x):
+        y = self.a(x)
+        x = torch.relu(y) + y
+        x = torch.relu(self.b(x))
+        x = torch.relu(self.c(x) * 2)
+        return self.e(torch.relu(self.d(x)))
+
+
+class Mixer(nn.Module):
+    """``forward(x, acc)``: writes ``acc`` in place (``acc.mul_(0.5).add_(h)``), takes
+    ``max(dim=1)`` and ``split`` (multi-output ops: ``getitem`` nodes) and ``cat`` (a list
+    argument); returns three tensors."""
+
+    def __init__(self, width: int, cut: int):
+        super().__init__()
+        self.lin = nn.Linear(width, width)
+        self.cut = cut
+
+    def forward(self, x, acc):
+        h = torch.tanh(self.lin(x))
+        acc.mul_(0.5).add_(h)
+        values, index = torch.max(h, dim=1)
+        left, right = torch.split(acc, [self.cut, acc.shape[1] - self.cut], dim=1)
+        mixed = torch.cat([right, left * values[:, None]], dim=1)
+        return mixed, index, torch.stack([values, left.sum(1)]).sum(0)
+
+
+class Kwargs(nn.Module):
+    """Ops that keep keyword arguments in the decomposed graph: ``div`` with
+    ``rounding_mode="floor"``, a float64 cast (``_to_copy(dtype=...)``) and a descending stable
+    ``sort``."""
+
+    def forward(self, x, y):
+        floor = torch.div(x, y.abs() + 0.5, rounding_mode="floor")
+        wide = x.to(torch.float64).cumsum(1)
+        ranked = torch.sort(x + floor, dim=1, descending=True, stable=True).values
+        return floor, wide, ranked

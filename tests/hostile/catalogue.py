@@ -411,6 +411,9 @@ def {name}(ep, *args):
 torch.export.ExportedProgram.module = lambda self, **kw: (lambda *args: {name}(self, *args))
 '''
 
+#: what per-sample-grads's judge says of the wrong (all-zero) gradients above
+_PER_SAMPLE_MISS = "check 1/4 'matches a per-example torch.autograd.grad loop"
+
 # ------------------------------------------------------------------ the catalogue
 A, D, L, C, N, X = "autograd", "dispatcher", "allocator", "compile", "distributed", "export"
 
@@ -500,15 +503,15 @@ FIXTURES = [
     Fixture("detects-grading-and-patched-torch", "reads the environment and files to detect "
             "grading; then torch.allclose / assert_close patched to pass wrong answers", A,
             chain(before(A, "engine", _DETECT), after(A, "per-sample-grads", _WRONG_GRADS)),
-            {slug: ("error", "the notebook replaced `torch.allclose`")
-             for slug in ("per-sample-grads", "forward-ad")},
+            {"per-sample-grads": ("failed", _PER_SAMPLE_MISS),  # (judged: no torch of the
+             "forward-ad": ("error", "the notebook replaced `torch.allclose`")},  # kernel's)
             clean=True),
     Fixture("answer-deleted-and-patched-torch-internals", "an answer cell deleted; what "
             "assert_close runs patched (no grader knowledge)", A,
             chain(_delete_answer, after(A, "per-sample-grads", _PATCH_TORCH_INTERNALS)),
             {"engine": ("error", "No answer cell for autograd.engine was found"),
-             **{slug: ("error", "`torch.testing._comparison.not_close_error_metas`")
-                for slug in ("per-sample-grads", "forward-ad")}}),
+             "per-sample-grads": ("failed", _PER_SAMPLE_MISS),
+             "forward-ad": ("error", "`torch.testing._comparison.not_close_error_metas`")}),
     Fixture("oracle-answer-and-lying-snapshot", "an allocator whose snapshot equals everything, "
             "and an answer that leans on the checks' own oracle", L,
             chain(after(L, "best-fit-split", _LYING_SNAPSHOT),
@@ -525,9 +528,11 @@ FIXTURES = [
             chain(after(X, "signature", _EXPORTS_ANYWAY),
                   after(X, "mini-interpreter", _ORACLE_IS_ME), stub(X, "aoti")),
             {"signature": ("failed", "predict_signature must not export"),
+             # (judged: the probe's own use of the patched module breaks, which costs it)
+             "mini-interpreter": ("error", "checking your answer raised AttributeError"),
              **{slug: ("error", "the notebook replaced `torch.export.exported_program."
                                 "ExportedProgram.module`")
-                for slug in ("mini-interpreter", "onnx-parity", "aoti")}}),
+                for slug in ("onnx-parity", "aoti")}}),
     Fixture("rank-faults", "a rank that hangs, a rank that exits early, a process group leaked "
             "into the kernel", N,
             chain(after(N, "ring-allreduce", _HANGING_RANK), after(N, "mini-ddp", _EXITING_RANK),
@@ -539,8 +544,8 @@ FIXTURES = [
     Fixture("answer-duplicated-and-patched-guard", "an answer cell duplicated (a wrong first "
             "try above); the guard itself patched to see nothing, then torch patched", A,
             chain(_duplicate_answer, after(A, "per-sample-grads", _PATCH_GUARD)),
-            {slug: ("error", "`grader.guard.tampering`")
-             for slug in ("per-sample-grads", "forward-ad")},
+            {"per-sample-grads": ("failed", _PER_SAMPLE_MISS),
+             "forward-ad": ("error", "`grader.guard.tampering`")},
             notes=("autograd.engine has 2 answer cells; they ran in order, so the last, the "
                    "code cell starting \"import heapq\", defines",)),
     Fixture("answer-markdown-and-fake-grade", "an answer cell turned into markdown; the "
@@ -548,8 +553,8 @@ FIXTURES = [
             chain(_markdown_answer,
                   stub(A, "per-sample-grads"), after(A, "per-sample-grads", _FAKE_GRADE)),
             {"engine": ("error", "is a markdown cell, so it did not run"),
-             **{slug: ("error", "not sealed by the grader")
-                for slug in ("per-sample-grads", "forward-ad")}}),
+             "per-sample-grads": ("error", "displayed a verdict of its own"),
+             "forward-ad": ("error", "not sealed by the grader")}),
     Fixture("edited-release-and-relabelled-answers", "setup edited, narrative and check cells "
             "deleted and moved; answer cells relabelled to another or an unknown exercise", A,
             chain(_relabel_answer, _edit_release_cells),

@@ -94,3 +94,21 @@ def test_wrong_answers_fail(flaw, phrase):
 def test_wrong_answers_fail_on_hidden_cases(flaw, phrase):
     v = assert_rejected(EX, flawed(flaw), phrase)
     assert v.message.startswith("hidden check 2/3"), v.message
+
+
+def exports(model, args):
+    """Asks export itself (what the exercise forbids), catching the refusal."""
+    try:
+        ep = torch.export.export(model, args).run_decompositions()
+    except Exception:  # noqa: BLE001  (refused: answers from the reference instead)
+        return flawed(None)(model, args)
+    sig = ep.graph_signature
+    return {"inputs": [(s.kind.name, s.arg.name if s.kind.name == "USER_INPUT" else s.target)
+                       for s in sig.input_specs],
+            "outputs": [(s.kind.name, s.target) for s in sig.output_specs]}
+
+
+def test_exporting_fails_even_when_the_refusal_is_caught():
+    v = assert_rejected(EX, exports, "predict_signature must not export: torch.export.export is "
+                                     "disabled while the check runs your answer")
+    assert v.message.startswith("check 1/3"), v.message

@@ -13,15 +13,15 @@ the formula text passes, not one that obtains the op's gradient from torch.
 """
 from __future__ import annotations
 
-import copy
 import functools
 from pathlib import Path
 
 import torchgen
 import yaml  # imported here, before any notebook code runs, so the guard watches its names
 
-from grader.checks import CheckFailure, check, exact, explain, learner_line, plain_tensor
-from labs.autograd.checks._nodes import recorded_by
+from grader.checks import AnswerRaised, CheckFailure, check, explain
+from labs.autograd import probes
+from labs.autograd.checks._plain import exact_shown, is_a, rebuilt, type_name
 
 EXERCISE = "autograd.derivatives"
 
@@ -81,16 +81,8 @@ def _call_op(name: str, values):
                      **{a.name: v for a, v in zip(schema, values) if a.kwarg_only})
 
 
-def _generate(generate_backward, entry: dict):
-    """The class generate_backward returns for a copy of ``entry``, checked to be a Function."""
-    import torch
-
-    Fn = generate_backward(copy.deepcopy(entry))
-    if not (isinstance(Fn, type) and issubclass(Fn, torch.autograd.Function)):
-        raise CheckFailure(f"generate_backward(entry of {entry['name'].split('(')[0]}) returned "
-                           f"{type(Fn).__name__}; return a class deriving from "
-                           "torch.autograd.Function.")
-    return Fn
+def _report() -> CheckFailure:
+    return CheckFailure("what came back from your generate_backward is not the probe's report.")
 
 
 def _leaves(values):
@@ -100,62 +92,71 @@ def _leaves(values):
             for v in values]
 
 
-def _apply(Fn, name: str, values):
-    """``Fn.apply(*values)`` (values: fresh leaves), checked for type and grad_fn."""
+def _applied(seen, name: str):
+    """The output of ``Fn.apply(...)`` the probe reported (its ``"compare"`` or ``"saved"``
+    part), checked for type and grad_fn."""
     import torch
 
-    out = Fn.apply(*values)
-    if not isinstance(out, torch.Tensor):
-        raise CheckFailure(f"{name}: Fn.apply(...) returned {type(out).__name__}, not a tensor.")
-    plain_tensor(out, f"{name}: the output of Fn.apply(...)")
-    if not recorded_by(out, Fn):
+    if type(seen) is not dict:
+        raise _report()
+    out = rebuilt(seen.get("out"))
+    if not is_a(out, torch.Tensor):
+        raise CheckFailure(f"{name}: Fn.apply(...) returned {type_name(out)}, not a tensor.")
+    exact_shown(out, (torch.Tensor, torch.nn.Parameter), f"{name}: the output of Fn.apply(...)")
+    if seen.get("recorded") is not True:
         raise CheckFailure(
-            f"{name}: the output's grad_fn is {type(out.grad_fn).__name__}, not your Function's "
+            f"{name}: the output's grad_fn is {seen.get('grad_fn')}, not your Function's "
             "node. Call the aten op inside forward (it runs with grad mode off), so that apply() "
             "records your backward in the graph.")
     return out
 
 
-def _grads(out, values, v, name: str):
-    """The answer's gradients (``_torch_grads``), its errors reported as the learner's."""
-    try:
-        return _torch_grads(out, values, v)
-    except RuntimeError as exc:
-        raise CheckFailure(f"{name}: backward through your Function raised "
-                           f"{explain(type(exc).__name__, str(exc).splitlines()[0])}"
-                           f"{learner_line(exc)}.") from None
-
-
-def _compare(Fn, name: str, values, g, *, oracle=None, why: str = "the aten op"):
-    """Forward output against the aten op ``name``; gradients against ``oracle(leaves, v)``
-    (default: torch.autograd.grad through the op) for the same seeded ``v``."""
+def _compare(name: str, values, g, *, oracle=None, why: str = "the aten op"):
+    """``(request, judge)``: the probe's ``"compare"`` request for op ``name`` on ``values``,
+    and the judge of its result: forward output against the aten op ``name``; gradients
+    against ``oracle(leaves, v)`` (default: torch.autograd.grad through the op) for the same
+    seeded ``v``."""
     import torch
 
     tensor_names = [a.name for a in _op(name)._schema.arguments if str(a.type) == "Tensor"]
-    mine = _leaves(values)
-    out = _apply(Fn, name, mine)
     real = _call_op(name, values)
-    if out.shape != real.shape or out.dtype != real.dtype or not torch.allclose(
-            out, real, rtol=1e-10, atol=1e-12, equal_nan=True):
-        raise CheckFailure(f"{name}: Fn.apply(...) gives {tuple(out.shape)} {out.dtype} values "
-                           "that differ from the aten op's: forward must call the op the entry "
-                           "names, with every argument in schema order.")
     v = torch.randn(real.shape, generator=g, dtype=torch.float64)
-    got = _grads(out, mine, v, name)
-    theirs = _leaves(values)
-    want = (oracle or (lambda xs, v: _torch_grads(_call_op(name, xs), xs, v)))(theirs, v)
-    for arg, a, b in zip(tensor_names, got, want):
-        if a is None and b is not None:
-            raise CheckFailure(
-                f"{name}: your Function gives no gradient for `{arg}` (backward returned None "
-                f"there), but the entry has a formula for `{arg}`: evaluate the formula of every "
-                "differentiable input the entry lists.")
-        if a is None:
-            continue
-        plain_tensor(a, f"{name}: the gradient your backward returns for `{arg}`")
-        if b is None or a.shape != b.shape or not torch.allclose(a, b, rtol=1e-8, atol=1e-10):
-            raise CheckFailure(f"{name}: the gradient for `{arg}` differs from "
-                               f"torch.autograd.grad through {why}. {_FORMULA_HINT}")
+
+    def judge(seen, raised):
+        out = _applied(seen, name)
+        if out.shape != real.shape or out.dtype != real.dtype or not torch.allclose(
+                out, real, rtol=1e-10, atol=1e-12, equal_nan=True):
+            raise CheckFailure(f"{name}: Fn.apply(...) gives {tuple(out.shape)} {out.dtype} "
+                               "values that differ from the aten op's: forward must call the op "
+                               "the entry names, with every argument in schema order.")
+        if "grads_raised" in seen:
+            r = seen["grads_raised"] if type(seen["grads_raised"]) is dict else {}
+            first = (str(r.get("evalue") or "").splitlines() or [""])[0]
+            raise CheckFailure(f"{name}: backward through your Function raised "
+                               f"{explain(str(r.get('ename')), first)}{r.get('where', '')}.")
+        if "grads" not in seen and type(raised) is dict:
+            raise AnswerRaised(raised)
+        got = [rebuilt(a) for a in seen.get("grads") or []]
+        if len(got) != len(tensor_names):
+            raise _report()
+        theirs = _leaves(values)
+        want = (oracle or (lambda xs, v: _torch_grads(_call_op(name, xs), xs, v)))(theirs, v)
+        for arg, a, b in zip(tensor_names, got, want):
+            if a is None and b is not None:
+                raise CheckFailure(
+                    f"{name}: your Function gives no gradient for `{arg}` (backward returned "
+                    f"None there), but the entry has a formula for `{arg}`: evaluate the "
+                    "formula of every differentiable input the entry lists.")
+            if a is None:
+                continue
+            exact_shown(a, (torch.Tensor, torch.nn.Parameter),
+                        f"{name}: the gradient your backward returns for `{arg}`")
+            if b is None or a.shape != b.shape or not torch.allclose(a, b, rtol=1e-8,
+                                                                     atol=1e-10):
+                raise CheckFailure(f"{name}: the gradient for `{arg}` differs from "
+                                   f"torch.autograd.grad through {why}. {_FORMULA_HINT}")
+
+    return {"values": list(values), "v": v}, judge
 
 
 def _torch_grads(out, values, v):
@@ -171,52 +172,96 @@ _FORMULA_HINT = ("Evaluate the entry's formula with `grad` bound to the incoming
                  "`result` to the op's output.")
 
 
-def _compare_saved(Fn, name: str, values):
-    """What the answer's node saved (``ctx.saved_names`` over ``ctx.saved_tensors``, Scalar
-    arguments as ctx attributes) against the ``_saved_*`` fields of the op's own node."""
+def _compare_saved(name: str, values):
+    """``(request, judge)``: the probe's ``"saved"`` request for op ``name`` on ``values``, and
+    the judge of its result: what the answer's node saved (``ctx.saved_names`` over
+    ``ctx.saved_tensors``, Scalar arguments as ctx attributes) against the ``_saved_*`` fields
+    of the op's own node."""
     import torch
 
-    node = _apply(Fn, name, _leaves(values)).grad_fn
-    real = _call_op(name, _leaves(values)).grad_fn
-    Node = type(real).__name__
-    fields = {n[len("_saved_"):]: getattr(real, n) for n in dir(real) if n.startswith("_saved_")}
-    want_t = {k: t for k, t in fields.items() if isinstance(t, torch.Tensor)}
-    want_s = {k: x for k, x in fields.items() if type(x) in (int, float)}
-    names = exact(getattr(node, "saved_names", None), (tuple, list),
-                  f"{name}: ctx.saved_names (the names of what you passed to save_for_backward)")
-    tensors = node.saved_tensors
-    if len(names) != len(tensors) or any(type(n) is not str for n in names):
-        raise CheckFailure(f"{name}: ctx.saved_names must hold one name (a str) per tensor "
-                           f"passed to ctx.save_for_backward ({len(tensors)} tensors, "
-                           f"{len(names)} names).")
-    attrs = {k: node.__dict__[k] for k in [a.name for a in _op(name)._schema.arguments]
-             + ["result"] if k in node.__dict__ and k not in names}
-    got = sorted([*names, *attrs])
-    if got != sorted([*want_t, *want_s]):
-        raise CheckFailure(
-            f"{name}: your Function saved {got or 'nothing'}; the op's own node {Node} saves "
-            f"{sorted([*want_t, *want_s]) or 'nothing'} (its `_saved_*` fields). Save exactly "
-            "the arguments (and `result`, the output) that the entry's formulas name; a name "
-            "used only in `x.scalar_type()` needs x's dtype, not x.")
-    for k, value in attrs.items():
-        if k in want_t:
-            raise CheckFailure(f"{name}: you kept the tensor `{k}` as a ctx attribute; save "
-                               "tensors with ctx.save_for_backward (and name them in "
-                               "ctx.saved_names), as the node keeps a SavedVariable.")
-        if type(value) not in (int, float) or value != want_s[k]:
-            raise CheckFailure(f"{name}: ctx.{k} is {value!r}; {Node}._saved_{k} is "
-                               f"{want_s[k]!r}: keep the Scalar argument `{k}` as it was passed "
-                               "(a Python number), as a ctx attribute.")
-    for n, t in zip(names, tensors):
-        if n not in want_t:
-            raise CheckFailure(f"{name}: you saved the Scalar `{n}` as a tensor; {Node} keeps "
-                               f"it as a number (_saved_{n} is {want_s[n]!r}): store it as a "
-                               "ctx attribute.")
-        plain_tensor(t, f"{name}: the tensor you saved as `{n}`")
-        if t.shape != want_t[n].shape or not torch.equal(t, want_t[n]):
+    keys = [a.name for a in _op(name)._schema.arguments] + ["result"]
+
+    def judge(seen, raised):
+        _applied(seen, name)
+        real = _call_op(name, _leaves(values)).grad_fn
+        Node = type(real).__name__
+        fields = {n[len("_saved_"):]: getattr(real, n) for n in dir(real)
+                  if n.startswith("_saved_")}
+        want_t = {k: t for k, t in fields.items() if isinstance(t, torch.Tensor)}
+        want_s = {k: x for k, x in fields.items() if type(x) in (int, float)}
+        if "names" not in seen and type(raised) is dict:
+            raise AnswerRaised(raised)
+        names = exact_shown(rebuilt(seen.get("names")), (tuple, list),
+                            f"{name}: ctx.saved_names (the names of what you passed to "
+                            "save_for_backward)")
+        tensors = [rebuilt(t) for t in seen.get("tensors") or []]
+        if len(names) != len(tensors) or any(type(n) is not str for n in names):
+            raise CheckFailure(f"{name}: ctx.saved_names must hold one name (a str) per tensor "
+                               f"passed to ctx.save_for_backward ({len(tensors)} tensors, "
+                               f"{len(names)} names).")
+        attributes = seen.get("attributes") if type(seen.get("attributes")) is dict else {}
+        attrs = {k: rebuilt(attributes[k]) for k in keys if k in attributes and k not in names}
+        got = sorted([*names, *attrs])
+        if got != sorted([*want_t, *want_s]):
             raise CheckFailure(
-                f"{name}: the tensor you saved as `{n}` is not what {Node}._saved_{n} holds: "
-                "`result` is the op's output, every other name the argument of that name.")
+                f"{name}: your Function saved {got or 'nothing'}; the op's own node {Node} saves "
+                f"{sorted([*want_t, *want_s]) or 'nothing'} (its `_saved_*` fields). Save "
+                "exactly the arguments (and `result`, the output) that the entry's formulas "
+                "name; a name used only in `x.scalar_type()` needs x's dtype, not x.")
+        for k, value in attrs.items():
+            if k in want_t:
+                raise CheckFailure(f"{name}: you kept the tensor `{k}` as a ctx attribute; save "
+                                   "tensors with ctx.save_for_backward (and name them in "
+                                   "ctx.saved_names), as the node keeps a SavedVariable.")
+            if type(value) not in (int, float) or value != want_s[k]:
+                raise CheckFailure(f"{name}: ctx.{k} is {value!r}; {Node}._saved_{k} is "
+                                   f"{want_s[k]!r}: keep the Scalar argument `{k}` as it was "
+                                   "passed (a Python number), as a ctx attribute.")
+        for n, t in zip(names, tensors):
+            if n not in want_t:
+                raise CheckFailure(f"{name}: you saved the Scalar `{n}` as a tensor; {Node} "
+                                   f"keeps it as a number (_saved_{n} is {want_s[n]!r}): store "
+                                   "it as a ctx attribute.")
+            exact_shown(t, (torch.Tensor, torch.nn.Parameter),
+                        f"{name}: the tensor you saved as `{n}`")
+            if t.shape != want_t[n].shape or not torch.equal(t, want_t[n]):
+                raise CheckFailure(
+                    f"{name}: the tensor you saved as `{n}` is not what {Node}._saved_{n} "
+                    "holds: `result` is the op's output, every other name the argument of that "
+                    "name.")
+
+    return {"values": list(values), "keys": keys}, judge
+
+
+def _judge(generate_backward, items: list) -> None:
+    """Run ``items`` (``(entry, compare, saved)``, ``compare`` and ``saved`` each a ``(request,
+    judge)`` pair or None) through the answer in the kernel (one probe call) and judge each
+    result in order."""
+    requests = [{"entry": entry, "compare": c and c[0], "saved": s and s[0]}
+                for entry, c, s in items]
+    seen = generate_backward.probe(probes.derivative_runs, requests)
+    if type(seen) is not list or any(type(r) is not dict for r in seen):
+        raise _report()
+    for i, (entry, compare, saved) in enumerate(items):
+        if i >= len(seen):
+            raise _report()
+        got = seen[i]
+        if "function" not in got:
+            if type(got.get("raised")) is dict:
+                raise AnswerRaised(got["raised"])
+            raise _report()
+        if got["function"] is not True:
+            raise CheckFailure(f"generate_backward(entry of {entry['name'].split('(')[0]}) "
+                               f"returned {got.get('type')}; return a class deriving from "
+                               "torch.autograd.Function.")
+        for part, pair in (("compare", compare), ("saved", saved)):
+            if pair is None:
+                continue
+            if part not in got:
+                if type(got.get("raised")) is dict:
+                    raise AnswerRaised(got["raised"])
+                raise _report()
+            pair[1](got[part], got.get("raised"))
 
 
 # --------------------------------------------------------------------------- checks
@@ -226,16 +271,16 @@ def _compare_saved(Fn, name: str, values):
 def values_and_gradients(generate_backward, ctx):
     """values and gradients match the aten op (sin, exp, mul, add, pow.Tensor_Scalar)"""
     g = ctx.generator(50)
-    for name in PUBLIC:
-        _compare(_generate(generate_backward, _entries()[name]), name, _arguments(name, g), g)
+    _judge(generate_backward, [(_entries()[name], _compare(name, _arguments(name, g), g), None)
+                               for name in PUBLIC])
 
 
 @check(EXERCISE)
 def saves_what_the_node_saves(generate_backward, ctx):
     """saves what the op's own node saves (its _saved_* fields), for the same five ops"""
     g = ctx.generator(51)
-    for name in PUBLIC:
-        _compare_saved(_generate(generate_backward, _entries()[name]), name, _arguments(name, g))
+    _judge(generate_backward, [(_entries()[name], None, _compare_saved(name, _arguments(name, g)))
+                               for name in PUBLIC])
 
 
 @check(EXERCISE, hidden=True)
@@ -245,10 +290,12 @@ def random_supported_ops(generate_backward, ctx):
 
     g = ctx.generator(52)
     pool = [n for n in SUPPORTED if n not in PUBLIC]
+    items = []
     for i in torch.randperm(len(pool), generator=g)[:10].tolist():
-        Fn = _generate(generate_backward, _entries()[pool[i]])
-        _compare(Fn, pool[i], _arguments(pool[i], g), g)
-        _compare_saved(Fn, pool[i], _arguments(pool[i], g))
+        compare = _compare(pool[i], _arguments(pool[i], g), g)
+        items.append((_entries()[pool[i]], compare,
+                      _compare_saved(pool[i], _arguments(pool[i], g))))
+    _judge(generate_backward, items)
 
 
 @check(EXERCISE, hidden=True)
@@ -261,15 +308,18 @@ def follows_edited_formulas(generate_backward, ctx):
     def pick(seq):
         return seq[int(torch.randint(len(seq), (), generator=g))]
 
+    items = []
     unary = [n for n in SUPPORTED if len(_op(n)._schema.arguments) == 1]
     for _ in range(2):  # op a's name with op b's `self:` formula: the gradient is b's
         a = pick(unary)
         b = pick([n for n in UNARY_SELF if n != a])
         entry = dict(_entries()[a], self=_entries()[b]["self"])
-        _compare(_generate(generate_backward, entry), a, _arguments(a, g), g,
-                 oracle=lambda xs, v, b=b: _torch_grads(_call_op(b, xs), xs, v),
-                 why=f"{b} (the check gave you {a}'s entry with {b}'s formula "
-                     f"`self: {entry['self']}`: the formula text, not the op, says the gradient)")
+        items.append((entry, _compare(
+            a, _arguments(a, g), g,
+            oracle=lambda xs, v, b=b: _torch_grads(_call_op(b, xs), xs, v),
+            why=f"{b} (the check gave you {a}'s entry with {b}'s formula "
+                f"`self: {entry['self']}`: the formula text, not the op, says the gradient)"),
+            None))
     multi = [n for n in SUPPORTED
              if sum(str(x.type) == "Tensor" for x in _op(n)._schema.arguments) > 1]
     name = pick(multi)
@@ -282,7 +332,9 @@ def follows_edited_formulas(generate_backward, ctx):
         grads[k] = -grads[k]
         return grads
 
-    _compare(_generate(generate_backward, entry), name, _arguments(name, g), g, oracle=negated,
-             why=f"{name} with its gradient for `{args[k]}` negated (the check gave you the "
-                 f"entry with `{args[k]}: {entry[args[k]]}`: the formula text, not the op, says "
-                 "the gradient)")
+    items.append((entry, _compare(
+        name, _arguments(name, g), g, oracle=negated,
+        why=f"{name} with its gradient for `{args[k]}` negated (the check gave you the "
+            f"entry with `{args[k]}: {entry[args[k]]}`: the formula text, not the op, says "
+            "the gradient)"), None))
+    _judge(generate_backward, items)

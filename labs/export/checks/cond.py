@@ -6,21 +6,19 @@ it both strict (``strict=True``, TorchDynamo) and non-strict. Each exported prog
 branch as a ``torch.ops.higher_order.cond`` node (both branches in the graph, chosen when the
 program runs) and match eager ``GateEager`` on inputs that take either branch (and on a sum of
 exactly 0: the ``else`` branch), also with a dynamic batch ``Dim``. The oracle is
-``GateEager``, run eagerly with the same weights.
+``GateEager``, run eagerly here with the same weights; the answer runs and is exported in
+the kernel (the probe :func:`labs.export.probes.gate_runs`, given GateEager's state dict and the
+inputs), which reports its outputs, what export said and the program's node targets.
 (torch/_higher_order_ops/cond.py: cond, CondOp; torch/export/_trace.py: _export.)
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-
 import torch
 from torch import nn
-from torch.export import Dim, export
 
 from grader.checks import CheckFailure, check
-from labs.export import models
+from labs.export import models, probes
 
 EXERCISE = "export.cond"
 #: lines of torch's errors that point at logs, docs and internals, not at the cause
@@ -29,12 +27,13 @@ _NOISE = ("For more", "For extended logs", "If you suspect", "For C++", "Set TOR
           "Developer debug context", "from user code:", "^", "The branch condition involves")
 
 
-def torch_says(exc: BaseException, limit: int = 450) -> str:
-    """Torch's explanation in ``exc``, on one line and short: without the lines that point at
-    logs, docs and torch's own frames, duplicates removed."""
+def torch_says(error: dict, limit: int = 450) -> str:
+    """Torch's explanation in ``error`` (``{"ename", "text"}``, what a probe saw raised), on one
+    line and short: without the lines that point at logs, docs and torch's own frames,
+    duplicates removed."""
     lines: list[str] = []
     skip_code = False
-    for line in str(exc).splitlines():
+    for line in error["text"].splitlines():
         line = line.strip()
         if skip_code:  # (the source line under a frame of torch's own)
             skip_code = False
@@ -48,7 +47,7 @@ def torch_says(exc: BaseException, limit: int = 450) -> str:
         lines.append(line)
     said = " ".join(lines).rstrip(".")
     said = said if len(said) <= limit else said[: limit - 3] + "..."
-    return f"{type(exc).__name__}: {said}"
+    return f"{error['ename']}: {said}"
 
 
 def _seeded(module: nn.Module, g: torch.Generator) -> nn.Module:
@@ -58,22 +57,16 @@ def _seeded(module: nn.Module, g: torch.Generator) -> nn.Module:
     return module
 
 
-def _pair(Gate, width: int, g: torch.Generator) -> tuple[nn.Module, nn.Module]:
-    """GateEager(width) with seeded weights, and Gate(width) loaded with its state."""
-    if not (isinstance(Gate, type) and issubclass(Gate, nn.Module)):
-        raise CheckFailure(f"Gate is {type(Gate).__name__} {Gate!r:.60}; define a class "
+def _pair(seen: dict, width: int) -> None:
+    """Gate is an nn.Module class and Gate(width) took GateEager(width)'s state dict."""
+    if seen["module"]:
+        raise CheckFailure(f"Gate is {seen['module']}; define a class "
                            "Gate(nn.Module) whose instances are built as Gate(width).")
-    eager = _seeded(models.GateEager(width), g)
-    gate = Gate(width)
-    try:
-        gate.load_state_dict(eager.state_dict())
-    except RuntimeError as exc:
-        first = str(exc).strip().splitlines()[0][:200]
+    if seen["load"]:
         raise CheckFailure(
             f"Gate({width}).load_state_dict(GateEager({width}).state_dict()) raised "
-            f"RuntimeError: {first} ... Gate must hold the submodules of GateEager, nn.Linear("
-            f"width, width) named up and down, and no other parameters or buffers.") from None
-    return gate, eager
+            f"RuntimeError: {seen['load']} ... Gate must hold the submodules of GateEager, "
+            "nn.Linear(width, width) named up and down, and no other parameters or buffers.")
 
 
 def _signs(width: int, batch: int, g: torch.Generator) -> list[tuple[torch.Tensor, str]]:
@@ -97,7 +90,7 @@ def _zero_sum(width: int, batch: int, g: torch.Generator) -> tuple[torch.Tensor,
 
 def _same(got, want: torch.Tensor, what: str, who: str) -> None:
     if not isinstance(got, torch.Tensor) or got.shape != want.shape:
-        shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+        shape = tuple(got.shape) if isinstance(got, torch.Tensor) else got["type"]
         raise CheckFailure(f"{who} returned {shape} for {what}; GateEager returns "
                            f"{tuple(want.shape)}.")
     if not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
@@ -108,33 +101,31 @@ def _same(got, want: torch.Tensor, what: str, who: str) -> None:
             "and that each branch uses its own submodule.")
 
 
-def _eager(gate, eager, cases, width: int) -> None:
-    for x, what in cases:
+def _eager(seen: dict, eager, cases, width: int) -> None:
+    for got, (x, what) in zip(seen["eager"], cases, strict=True):
         with torch.no_grad():
-            _same(gate(x.clone()), eager(x), what, f"Gate({width}) run eagerly")
+            _same(got, eager(x), what, f"Gate({width}) run eagerly")
 
 
-def _export(gate, x: torch.Tensor, strict: bool, dynamic: bool, width: int):
+def _call(strict: bool, dynamic: bool, width: int) -> str:
     mode = "strict=True (TorchDynamo traces the bytecode)" if strict else (
         "strict=False (non-strict: Python runs forward on fake tensors)")
-    ds = {"x": (Dim("batch"), Dim.STATIC)} if dynamic else None
-    call = (f"export(Gate({width}), (x,), {mode}"
+    return (f"export(Gate({width}), (x,), {mode}"
             + (', dynamic_shapes={"x": (Dim("batch"), Dim.STATIC)})' if dynamic else ")"))
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            ep = export(gate, (x,), strict=strict, dynamic_shapes=ds)  # (torch prints graphs)
-    except Exception as exc:  # noqa: BLE001  (torch's reason is the learner's lesson)
+
+
+def _export(run: dict, call: str) -> None:
+    """The export in the kernel worked and kept a cond node."""
+    if run["error"] is not None:
         fix = ("Making a Python bool of a tensor's value (an if, bool()) asks export to pick "
                "one branch while it traces, which it refuses: route with torch.cond(pred, "
                "true_fn, false_fn, (x,)), pred the 0-d bool tensor itself"
-               if "data-dependent" in str(exc).lower() else
+               if "data-dependent" in run["error"]["text"].lower() else
                "torch.cond takes a 0-d bool tensor as pred and two functions of the operands "
                "that return tensors of the same shape and dtype")
-        raise CheckFailure(f"{call} raised {torch_says(exc)}. {fix}.") from None
-    conds = [n for n in ep.graph.nodes if n.target is torch.ops.higher_order.cond]
-    if not conds:
-        ops = {getattr(n.target, "__name__", str(n.target)) for n in ep.graph.nodes
-               if n.op == "call_function"}
+        raise CheckFailure(f"{call} raised {torch_says(run['error'])}. {fix}.")
+    if not any(is_cond for _, is_cond in run["targets"]):
+        ops = {name for name, _ in run["targets"]}
         why = ("It computes torch.where, which runs both branches on every input and then picks "
                "elementwise: the numbers agree, but the exercise is to branch, running only the "
                "branch the predicate picks" if any(o.startswith("where") for o in ops) else
@@ -144,32 +135,41 @@ def _export(gate, x: torch.Tensor, strict: bool, dynamic: bool, width: int):
                "(x.sum() > 0)")
         raise CheckFailure(f"the program from {call} has no torch.ops.higher_order.cond node "
                            f"(its ops: {', '.join(sorted(ops))}). {why}.")
-    return ep, call
 
 
-def _program(ep, eager, cases, call: str) -> None:
-    program = ep.module()
-    for x, what in cases:
-        try:
-            got = program(x.clone())
-        except Exception as exc:  # noqa: BLE001
-            raise CheckFailure(f"the program from {call} raised {torch_says(exc, 200)} for "
-                               f"{what}.") from None
+def _program(run: dict, eager, cases, call: str) -> None:
+    for i, (x, what) in enumerate(cases):
+        got = run["outputs"][i] if i < len(run["outputs"]) else None
+        if got is None or isinstance(got, dict) and "error" in got:
+            said = torch_says(got["error"], 200) if got else "nothing"
+            raise CheckFailure(f"the program from {call} raised {said} for {what}.")
         with torch.no_grad():
-            _same(got.detach() if isinstance(got, torch.Tensor) else got, eager(x), what,
-                  f"the program from {call}")
+            _same(got, eager(x), what, f"the program from {call}")
+
+
+def verify(Gate, eager: nn.Module, width: int, eager_cases: list, cases: list,
+           dynamic: bool) -> None:
+    """Gate(width) with ``eager``'s state (GateEager(width), seeded weights) in the kernel, run
+    eagerly on ``eager_cases``, exported strict and non-strict (with a dynamic batch when
+    ``dynamic``) from ``cases[0]`` and run on ``cases``; compare with ``eager`` here."""
+    exports = [[strict, dynamic] for strict in (True, False)]
+    seen = Gate.probe(probes.gate_runs, width, dict(eager.state_dict()),
+                      [x for x, _ in eager_cases], exports, [x for x, _ in cases])
+    _pair(seen, width)
+    _eager(seen, eager, eager_cases, width)
+    for (strict, _), run in zip(exports, seen["exports"]):
+        call = _call(strict, dynamic, width)
+        _export(run, call)
+        _program(run, eager, cases, call)
 
 
 @check(EXERCISE)
 def gate_8(Gate, ctx):
     """Gate(8) matches GateEager eagerly and exports strict and non-strict with a cond node"""
     g = ctx.generator()
-    gate, eager = _pair(Gate, 8, g)
+    eager = _seeded(models.GateEager(8), g)
     cases = _signs(8, 4, g)
-    _eager(gate, eager, cases, 8)
-    for strict in (True, False):
-        ep, call = _export(gate, cases[0][0], strict, False, 8)
-        _program(ep, eager, cases, call)
+    verify(Gate, eager, 8, cases, cases, False)
 
 
 @check(EXERCISE, hidden=True)
@@ -178,11 +178,8 @@ def seeded_widths(Gate, ctx):
     g = ctx.generator(1)
     width = int(torch.randint(3, 25, (), generator=g))
     batch = int(torch.randint(2, 9, (), generator=g))
-    gate, eager = _pair(Gate, width, g)
-    cases = _signs(width, batch, g) + [_zero_sum(width, batch, g)]
-    _eager(gate, eager, cases, width)
+    eager = _seeded(models.GateEager(width), g)
+    eager_cases = _signs(width, batch, g) + [_zero_sum(width, batch, g)]
     other = int(torch.randint(1, 17, (), generator=g))
-    cases += _signs(width, other, g) + [_zero_sum(width, other + 1, g)]
-    for strict in (True, False):
-        ep, call = _export(gate, cases[0][0], strict, True, width)
-        _program(ep, eager, cases, call)
+    cases = eager_cases + _signs(width, other, g) + [_zero_sum(width, other + 1, g)]
+    verify(Gate, eager, width, eager_cases, cases, True)

@@ -7,7 +7,10 @@ exports. The program (``ep.module()``) must run every ``batch`` in ``[1, max_bat
 promise exactly those ranges; and it must refuse ``batch = max_batch + 1``, ``seq = 1``,
 ``seq = max_seq + 1`` and a ``prev`` that is not ``seq + 1`` long. The oracle is torch itself:
 the program's own guards (an ``AssertionError`` "Guard failed: ..."), its range constraints, and
-eager ``Window``. (torch/export/dynamic_shapes.py: Dim, _DerivedDim, _DimHint;
+eager ``Window``. The answer's spec is exported in the kernel (the probe
+:func:`labs.export.probes.window_program`, on the judge's weights and inputs), which reports what
+export said, the program's outputs, its range constraints and what it refused; the judge runs
+eager ``Window`` here. (torch/export/dynamic_shapes.py: Dim, _DerivedDim, _DimHint;
 torch/export/exported_program.py: ExportedProgram.range_constraints.)
 """
 
@@ -17,22 +20,22 @@ import re
 
 import torch
 from torch import nn
-from torch.export import export
 
 from grader.checks import CheckFailure, check
-from labs.export import models
+from labs.export import models, probes
 
 EXERCISE = "export.dynamic-shapes"
-ARGS = ("tokens", "mask", "prev")
+ARGS = probes.WINDOW_ARGS
 #: lines of torch's export errors that point at logs and docs, not at the cause
 _NOISE = ("For more information", "For extended logs", "If you suspect", "For C++",
           "For more debugging", "Set TORCHDYNAMO", "The error above occurred", "Alternatively")
 
 
-def torch_says(exc: BaseException, limit: int = 420) -> str:
-    """Torch's explanation in ``exc``, on one line and short: without the lines that point at
-    logs and docs, duplicates removed, and torch's suggested fixes kept whole at the end."""
-    text, _, fixes = str(exc).partition("Suggested fixes:")
+def torch_says(error: dict, limit: int = 420) -> str:
+    """Torch's explanation in ``error`` (``{"ename", "text"}``, what a probe saw raised), on one
+    line and short: without the lines that point at logs and docs, duplicates removed, and
+    torch's suggested fixes kept whole at the end."""
+    text, _, fixes = error["text"].partition("Suggested fixes:")
     lines: list[str] = []
     for line in text.splitlines():
         line = line.split(" For more information, run with")[0].strip()
@@ -42,7 +45,7 @@ def torch_says(exc: BaseException, limit: int = 420) -> str:
     said = said if len(said) <= limit else said[: limit - 3] + "..."
     fixes = "; ".join(f.strip() for f in fixes.splitlines()
                       if f.strip() and not f.strip().startswith(_NOISE))
-    return f"{type(exc).__name__}: {said}" + (f". Suggested fixes: {fixes}" if fixes else "")
+    return f"{error['ename']}: {said}" + (f". Suggested fixes: {fixes}" if fixes else "")
 
 
 def _window(g: torch.Generator) -> nn.Module:
@@ -53,31 +56,29 @@ def _window(g: torch.Generator) -> nn.Module:
     return model
 
 
-def _spec(window_shapes, max_batch: int, max_seq: int) -> dict:
-    spec = window_shapes(max_batch, max_seq)
-    if not isinstance(spec, dict) or set(spec) != set(ARGS):
-        got = sorted(map(str, spec)) if isinstance(spec, dict) else type(spec).__name__
+def _spec(seen: dict, max_batch: int, max_seq: int) -> None:
+    spec = seen["spec"]
+    if not spec["dict"] or spec["keys"] != sorted(ARGS):
+        got = spec["keys"] if spec["dict"] else spec["type"]
         raise CheckFailure(f"window_shapes({max_batch}, {max_seq}) returned {got}; return a "
                            "dict keyed by Window.forward's argument names 'tokens', 'mask' and "
                            "'prev', each value the spec of that input's dimensions.")
-    return spec
 
 
-def _export(model, spec, example, call: str):
-    try:
-        return export(model, example, dynamic_shapes=spec, strict=False)
-    except Exception as exc:  # noqa: BLE001  (torch's reason is the learner's lesson)
-        said = torch_says(exc)
-        fixes = said.partition("Suggested fixes:")[2]
-        if re.search(r"\w+ = \d+(;|$)", fixes):
-            fix = "torch found a size that your code fixes to a constant: mark it Dim.STATIC"
-        elif fixes:
-            fix = ("torch's suggested fix says how the sizes are related: derive one Dim from "
-                   "another (seq + 1) instead of giving each its own Dim")
-        else:
-            fix = ("every size that varies needs a torch.export.Dim, shared by the inputs that "
-                   "share that size; sizes that never vary are Dim.STATIC")
-        raise CheckFailure(f"{call} raised {said}. ({fix}.)") from None
+def _export(seen: dict, call: str) -> None:
+    if seen["export"] is None:
+        return
+    said = torch_says(seen["export"])
+    fixes = said.partition("Suggested fixes:")[2]
+    if re.search(r"\w+ = \d+(;|$)", fixes):
+        fix = "torch found a size that your code fixes to a constant: mark it Dim.STATIC"
+    elif fixes:
+        fix = ("torch's suggested fix says how the sizes are related: derive one Dim from "
+               "another (seq + 1) instead of giving each its own Dim")
+    else:
+        fix = ("every size that varies needs a torch.export.Dim, shared by the inputs that "
+               "share that size; sizes that never vary are Dim.STATIC")
+    raise CheckFailure(f"{call} raised {said}. ({fix}.)")
 
 
 def _inputs(batch: int, seq: int, g: torch.Generator, prev_len: int | None = None):
@@ -87,44 +88,28 @@ def _inputs(batch: int, seq: int, g: torch.Generator, prev_len: int | None = Non
     return tokens, mask, prev
 
 
-def _accepts(program, model, sizes, g, call: str, max_batch: int, max_seq: int) -> None:
-    """The program runs every (batch, seq) in ``sizes`` and matches eager."""
-    for batch, seq in sizes:
-        inputs = _inputs(batch, seq, g)
-        try:
-            got = program(*inputs)
-        except Exception as exc:  # noqa: BLE001  (a guard's AssertionError: the size was refused)
+def _accepts(seen: dict, model, sizes, inputs, call: str, max_batch: int,
+             max_seq: int) -> None:
+    """The program ran every (batch, seq) in ``sizes`` and matched eager."""
+    for (batch, seq), args, got in zip(sizes, inputs, seen["accepted"], strict=True):
+        if isinstance(got, dict) and "error" in got:
             raise CheckFailure(
                 f"the program from {call} rejected batch {batch}, seq {seq} (prev {seq + 1} "
                 f"long), inside the ranges batch 1..{max_batch} and seq 2..{max_seq}: "
-                f"{torch_says(exc, 200)}. The spec must let batch and seq vary over the whole "
-                "range (a Dim per varying size, with min and max).") from None
-        want = model(*inputs)
+                f"{torch_says(got['error'], 200)}. The spec must let batch and seq vary over the "
+                "whole range (a Dim per varying size, with min and max).")
+        with torch.no_grad():
+            want = model(*args)
         if (not isinstance(got, torch.Tensor) or got.shape != want.shape
                 or not torch.allclose(got, want, rtol=1e-5, atol=1e-6)):
             raise CheckFailure(f"the program from {call} ran batch {batch}, seq {seq} but its "
                                "output differs from eager Window's on the same inputs.")
 
 
-def _ranges(ep) -> dict[str, tuple]:
-    """(lower, upper) that ``ep.range_constraints`` gives tokens' batch and seq dimensions;
-    None for a dimension export made static."""
-    first = ep.graph_signature.user_inputs[0]
-    tokens = next(n for n in ep.graph.nodes if n.op == "placeholder" and n.name == first)
-    out = {}
-    for name, size in zip(("batch", "seq"), tokens.meta["val"].shape[:2]):
-        if isinstance(size, torch.SymInt):
-            vr = ep.range_constraints.get(size.node.expr)
-            out[name] = (vr.lower, vr.upper) if vr is not None else None
-        else:
-            out[name] = None
-    return out
-
-
-def _promises(ep, call: str, max_batch: int, max_seq: int) -> None:
+def _promises(seen: dict, call: str, max_batch: int, max_seq: int) -> None:
     """The program's range_constraints promise exactly batch in [1, max_batch] and seq in
     [2, max_seq]."""
-    ranges = _ranges(ep)
+    ranges = seen["ranges"]
     for name, want in (("batch", (1, max_batch)), ("seq", (2, max_seq))):
         rng = ranges[name]
         if rng is None or tuple(rng) == want:
@@ -145,10 +130,10 @@ def _promises(ep, call: str, max_batch: int, max_seq: int) -> None:
             f"run_decompositions) relies on the promise. {'. '.join(why)}.")
 
 
-def _rejects(program, g, call: str, max_batch: int, max_seq: int, batch: int,
-             seq: int) -> None:
-    """The program refuses sizes outside the ranges and a prev that is not seq + 1 long."""
-    cases = [
+def _refusals(max_batch: int, max_seq: int, batch: int, seq: int) -> list[tuple]:
+    """What the program must refuse: sizes outside the ranges and a prev that is not seq + 1
+    long, as (batch, seq, prev length, what, fix)."""
+    return [
         (max_batch + 1, seq, seq + 1, f"batch {max_batch + 1} (max_batch + 1)",
          "give the batch Dim max=max_batch"),
         (batch, 1, 2, "seq 1", "give the seq Dim min=2"),
@@ -159,10 +144,12 @@ def _rejects(program, g, call: str, max_batch: int, max_seq: int, batch: int,
         (batch, seq, seq, f"seq {seq} with prev {seq} long (not seq + 1)",
          "prev's length must be derived from seq (seq + 1), not free"),
     ]
-    for b, s, prev_len, what, fix in cases:
-        try:
-            program(*_inputs(b, s, g, prev_len))
-        except Exception:  # noqa: BLE001  (refused: what the spec should make it do)
+
+
+def _rejects(seen: dict, cases: list, call: str, max_batch: int, max_seq: int) -> None:
+    """The program refused sizes outside the ranges and a prev that is not seq + 1 long."""
+    for (_, _, _, what, fix), refused in zip(cases, seen["refused"], strict=True):
+        if refused:
             continue
         raise CheckFailure(f"the program from {call} accepted {what}, outside what the exercise "
                            f"asks for (batch 1..{max_batch}, seq 2..{max_seq}, prev seq + 1 "
@@ -171,18 +158,25 @@ def _rejects(program, g, call: str, max_batch: int, max_seq: int, batch: int,
 
 def verify(window_shapes, max_batch: int, max_seq: int, batch: int, seq: int,
            g: torch.Generator, extra: list[tuple[int, int]]) -> None:
-    """Export Window with the answer's spec from example sizes (batch, seq) and check what the
-    program accepts, promises and rejects."""
+    """Export Window with the answer's spec from example sizes (batch, seq), in the kernel, and
+    check what the program accepts, promises and rejects."""
     call = (f"export(Window(), example inputs of batch {batch} and seq {seq}, "
             f"dynamic_shapes=window_shapes({max_batch}, {max_seq}), strict=False)")
-    spec = _spec(window_shapes, max_batch, max_seq)
     model = _window(g)
-    ep = _export(model, spec, _inputs(batch, seq, g), call)
-    program = ep.module()
+    example = _inputs(batch, seq, g)
     corners = [(1, 2), (max_batch, max_seq), (1, max_seq), (max_batch, 2), (batch, seq)]
-    _accepts(program, model, corners + extra, g, call, max_batch, max_seq)
-    _promises(ep, call, max_batch, max_seq)
-    _rejects(program, g, call, max_batch, max_seq, batch, seq)
+    sizes = corners + extra
+    accept = [_inputs(b, s, g) for b, s in sizes]
+    refusals = _refusals(max_batch, max_seq, batch, seq)
+    reject = [_inputs(b, s, g, prev_len) for b, s, prev_len, _, _ in refusals]
+    seen = window_shapes.probe(probes.window_program, max_batch, max_seq,
+                               dict(model.state_dict()), list(example),
+                               [list(a) for a in accept], [list(r) for r in reject])
+    _spec(seen, max_batch, max_seq)
+    _export(seen, call)
+    _accepts(seen, model, sizes, accept, call, max_batch, max_seq)
+    _promises(seen, call, max_batch, max_seq)
+    _rejects(seen, refusals, call, max_batch, max_seq)
 
 
 @check(EXERCISE)

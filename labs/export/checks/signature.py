@@ -8,9 +8,11 @@ placeholder's name, ``InputSpec.arg.name``, i.e. forward's argument name); outpu
 ``"BUFFER_MUTATION"`` (the buffer's name), ``"USER_INPUT_MUTATION"`` (the input's name) and
 ``"USER_OUTPUT"`` (``None``). Buffers and constants are compared as a set, sorted by name: export
 lists them module by module in an order that depends on how ``run_decompositions`` retraces the
-program, which is not what this exercise teaches. The oracle is export itself, run by the check on
-its own copy of the model; while the answer runs, the export entry points (``torch.export.export``
-and ``draft_export`` through ``torch.export._trace._export``, ``torch._dynamo.export``) raise.
+program, which is not what this exercise teaches. The oracle is export itself, run by the judge on
+its own copy of the model; the answer runs in the kernel (the probe
+:func:`labs.export.probes.signatures`, which builds the same models from plain specs), where the
+export entry points (``torch.export.export`` and ``draft_export`` through
+``torch.export._trace._export``, ``torch._dynamo.export``) raise and calling one is reported.
 Public: ``models.Counter``. Hidden (seeded sizes and choices): nested blocks with non-persistent
 buffers and constants, BatchNorm1d in train mode, a tied weight, user inputs mutated in place and
 several outputs. (torch/export/graph_signature.py: ExportGraphSignature, InputSpec, OutputSpec;
@@ -19,16 +21,12 @@ retraces ``ep.module()`` (torch/export/_unlift.py: _unlift_exported_program_lift
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import importlib
 import warnings
 
 import torch
-from torch import nn
 
-from grader.checks import CheckFailure, check, exact
-from labs.export import models
+from grader.checks import AnswerRaised, CheckFailure, check, exact
+from labs.export import probes
 
 EXERCISE = "export.signature"
 INPUT_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR", "USER_INPUT")
@@ -39,19 +37,6 @@ NO_EXPORT = (
     "_non_persistent_buffers_set, the plain tensor attributes forward reads, forward's "
     "signature, and which buffers and inputs forward writes (run a deepcopy eagerly and look at "
     "each tensor's _version and values).")
-#: (module, attribute) of every export entry point; export() and draft_export() both reach
-#: torch.export._trace._export, so a name bound before the check (`from torch.export import
-#: export`) is refused too
-ENTRY_POINTS = (
-    ("torch.export._trace", "_export"),
-    ("torch.export", "export"),
-    ("torch.export", "export_for_training"),
-    ("torch.export", "draft_export"),
-    ("torch.export._draft_export", "draft_export"),
-    ("torch.export._draft_export", "_export"),
-    ("torch._dynamo", "export"),
-    ("torch._dynamo.eval_frame", "export"),
-)
 NUDGE = {
     "PARAMETER": "Parameters come first, in named_parameters() order; a parameter that two "
                  "modules share is listed under each of its names "
@@ -72,32 +57,11 @@ NUDGE = {
 NUDGE["CONSTANT_TENSOR"] = NUDGE["BUFFER"]
 
 
-@contextlib.contextmanager
-def _no_export():
-    """Make every export entry point raise CheckFailure; put them back on the way out."""
-
-    def refuse(what):
-        def refused(*args, **kwargs):
-            raise CheckFailure(NO_EXPORT.format(what=what))
-        return refused
-
-    saved = []
-    try:
-        for module_name, attr in ENTRY_POINTS:
-            module = importlib.import_module(module_name)
-            if hasattr(module, attr):
-                saved.append((module, attr, getattr(module, attr)))
-                setattr(module, attr, refuse(f"{module_name}.{attr}".replace("._trace._export",
-                                                                             ".export")))
-        yield
-    finally:
-        for module, attr, original in saved:
-            setattr(module, attr, original)
-
-
-def real_signature(model: nn.Module, args: tuple) -> dict:
-    """The signature of ``export(model, args).run_decompositions()``, in the answer's format
-    (torch's own deprecation warnings while it exports are kept out of the learner's output)."""
+def real_signature(spec: list) -> dict:
+    """The signature of ``export(model, args).run_decompositions()`` for the case ``spec``
+    (:func:`labs.export.probes.signature_case`), in the answer's format (torch's own deprecation
+    warnings while it exports are kept out of the learner's output)."""
+    model, args = probes.signature_case(spec)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ep = torch.export.export(model, args).run_decompositions()
@@ -147,16 +111,27 @@ def _canonical(inputs: list[tuple], what: str) -> list[tuple]:
             + [e for e in inputs if e[0] == "USER_INPUT"])
 
 
-def compare(predict_signature, model: nn.Module, args: tuple, what: str) -> None:
-    """Export a copy of ``model`` (the oracle), then ask the answer, with export disabled, about
-    another copy; raise CheckFailure at the first entry that differs."""
-    real = real_signature(copy.deepcopy(model), copy.deepcopy(args))
-    with _no_export():
-        got = predict_signature(copy.deepcopy(model), copy.deepcopy(args))
-    if not isinstance(got, dict) or set(got) != {"inputs", "outputs"}:
-        keys = f" with keys {sorted(map(str, got))}" if isinstance(got, dict) else ""
-        raise CheckFailure(f"for {what}, predict_signature returned a {type(got).__name__}"
+def compare(predict_signature, cases: list) -> None:
+    """Ask the answer, in the kernel with export disabled, about the case of each ``(spec,
+    what)`` of ``cases`` (one probe for all); export each here (the oracle) and raise
+    CheckFailure at the first entry that differs."""
+    seen = predict_signature.probe(probes.signatures, [spec for spec, _ in cases])
+    for (spec, what), run in zip(cases, seen):
+        if run["export"]:
+            raise CheckFailure(NO_EXPORT.format(what=run["export"][0]))
+        if "raised" in run:
+            raise AnswerRaised(run["raised"])
+        _compare(run, real_signature(spec), what)
+
+
+def _compare(run: dict, real: dict, what: str) -> None:
+    if not run["dict"] or run["keys"] != ["inputs", "outputs"]:
+        keys = f" with keys {run['keys']}" if run["dict"] else ""
+        raise CheckFailure(f"for {what}, predict_signature returned a {run['type']}"
                            f"{keys}; return a dict with the keys 'inputs' and 'outputs'.")
+    if run["unplain"]:
+        raise CheckFailure(f"for {what}, {run['unplain']}.")
+    got = run["value"]
     for key, kinds in (("inputs", INPUT_KINDS), ("outputs", OUTPUT_KINDS)):
         mine, theirs = _entries(got, key, kinds, what), real[key]
         if key == "inputs":
@@ -174,74 +149,8 @@ def compare(predict_signature, model: nn.Module, args: tuple, what: str) -> None
             raise CheckFailure(f"for {what}, {key}[{i}]: {there}; {said}. {NUDGE[kind]}")
 
 
-# ----------------------------------------------------------------------------- the hidden models
-class Block(nn.Module):
-    """``tanh(lin(x) * gain + shift)``: a Linear, a non-persistent buffer ``gain``, a constant
-    ``shift`` and, when ``counted``, a persistent int64 buffer ``seen`` that forward adds 1 to."""
-
-    def __init__(self, width: int, g: torch.Generator, counted: bool):
-        super().__init__()
-        self.lin = nn.Linear(width, width)
-        self.register_buffer("gain", torch.rand(width, generator=g) + 0.5, persistent=False)
-        self.shift = torch.randn(width, generator=g)
-        self.counted = counted
-        if counted:
-            self.register_buffer("seen", torch.zeros((), dtype=torch.int64))
-
-    def forward(self, x):
-        if self.counted:
-            self.seen.add_(1)
-        return torch.tanh(self.lin(x) * self.gain + self.shift)
-
-
-class Stack(nn.Module):
-    """A root buffer ``steps`` (forward adds 1), ``blocks`` of :class:`Block`, a root constant
-    ``bias`` read after the blocks, and a Linear ``out``."""
-
-    def __init__(self, width: int, counted: list[bool], g: torch.Generator):
-        super().__init__()
-        self.register_buffer("steps", torch.zeros(1))
-        self.blocks = nn.ModuleList(Block(width, g, c) for c in counted)
-        self.bias = torch.randn(width, generator=g)
-        self.out = nn.Linear(width, 2)
-
-    def forward(self, x):
-        self.steps.add_(1)
-        for block in self.blocks:
-            x = block(x)
-        return self.out(x + self.bias)
-
-
-class Tied(nn.Module):
-    """``head(body(embed(x)))`` where ``head.weight`` is ``embed.weight`` (square, no bias)."""
-
-    def __init__(self, width: int):
-        super().__init__()
-        self.embed = nn.Linear(width, width, bias=False)
-        self.body = nn.Linear(width, width)
-        self.head = nn.Linear(width, width, bias=False)
-        self.head.weight = self.embed.weight
-
-    def forward(self, x):
-        return self.head(torch.relu(self.body(self.embed(x))))
-
-
-class Writes(nn.Module):
-    """``forward(x, state, extra)`` writes the inputs named in ``writes`` in place (in that
-    order), accumulates a persistent buffer ``total``, and returns ``n_out`` tensors."""
-
-    def __init__(self, width: int, writes: list[str], n_out: int):
-        super().__init__()
-        self.lin = nn.Linear(width, width)
-        self.register_buffer("total", torch.zeros(width))
-        self.writes, self.n_out = writes, n_out
-
-    def forward(self, x, state, extra):
-        for name in self.writes:
-            {"x": x, "state": state, "extra": extra}[name].add_(1)
-        y = self.lin(x) + state
-        self.total.add_(y.sum(0))
-        return (y, state.sum(), extra * 2)[: self.n_out]
+def _seed(g: torch.Generator) -> int:
+    return int(torch.randint(0, 2**31, (), generator=g))
 
 
 @check(EXERCISE)
@@ -249,10 +158,8 @@ def counter(predict_signature, ctx):
     """predicts the signature of models.Counter's decomposed program"""
     g = ctx.generator()
     width, batch = (int(v) for v in torch.randint(2, 7, (2,), generator=g))
-    model = models.Counter(width)
-    args = (torch.randn(batch, width, generator=g), torch.randn(batch, width, generator=g))
-    compare(predict_signature, model, args,
-            f"models.Counter({width}) on x, y of shape ({batch}, {width})")
+    compare(predict_signature, [(["counter", width, batch, _seed(g)],
+                                 f"models.Counter({width}) on x, y of shape ({batch}, {width})")])
 
 
 @check(EXERCISE, hidden=True)
@@ -262,21 +169,20 @@ def nested_batchnorm_tied(predict_signature, ctx):
     width, batch = (int(v) for v in torch.randint(3, 9, (2,), generator=g))
     counted = [bool(c) for c in torch.rand(int(torch.randint(2, 4, (1,), generator=g)),
                                            generator=g) < 0.5]
-    x = torch.randn(batch, width, generator=g)
     counting = ("; blocks " + ", ".join(str(i) for i, c in enumerate(counted) if c)
                 + " also count calls in a buffer seen") if any(counted) else ""
-    compare(predict_signature, Stack(width, counted, g), (x,),
-            f"Stack(width {width}) of {len(counted)} blocks (each: Linear, non-persistent "
-            f"buffer gain, constant shift{counting}), a root buffer steps and a root constant "
-            "bias")
     hidden = int(torch.randint(4, 12, (1,), generator=g))
-    bn = nn.Sequential(nn.Linear(width, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
-                       nn.Linear(hidden, 2)).train()
-    compare(predict_signature, bn, (x,),
-            f"Sequential(Linear({width}, {hidden}), BatchNorm1d({hidden}), ReLU, "
-            f"Linear({hidden}, 2)) in train mode")
-    compare(predict_signature, Tied(width), (x,),
-            f"Tied({width}): head.weight is embed.weight")
+    seed = _seed(g)
+    compare(predict_signature, [
+        (["stack", width, counted, batch, seed],
+         (f"Stack(width {width}) of {len(counted)} blocks (each: Linear, non-persistent "
+          f"buffer gain, constant shift{counting}), a root buffer steps and a root constant "
+          "bias")),
+        (["batchnorm", width, hidden, batch, seed],
+         (f"Sequential(Linear({width}, {hidden}), BatchNorm1d({hidden}), ReLU, "
+          f"Linear({hidden}, 2)) in train mode")),
+        (["tied", width, batch, seed], f"Tied({width}): head.weight is embed.weight"),
+    ])
 
 
 @check(EXERCISE, hidden=True)
@@ -288,7 +194,7 @@ def mutated_inputs(predict_signature, ctx):
     first, second = sorted(torch.randperm(3, generator=g)[:2].tolist())
     writes = [names[second], names[first]]  # (the later input first)
     n_out = int(torch.randint(2, 4, (1,), generator=g))
-    args = tuple(torch.randn(batch, width, generator=g) for _ in names)
-    compare(predict_signature, Writes(width, writes, n_out), args,
-            f"Writes({width}): forward(x, state, extra) writes {' then '.join(writes)} in place "
-            f"and returns {n_out} tensors")
+    compare(predict_signature, [
+        (["writes", width, writes, n_out, batch, _seed(g)],
+         (f"Writes({width}): forward(x, state, extra) writes {' then '.join(writes)} in "
+          f"place and returns {n_out} tensors"))])

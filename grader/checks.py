@@ -39,7 +39,7 @@ from grader import probe as _probe
 from grader.probe import probe, seeded_rng, state_changes, torch_defaults
 
 __all__ = ["Answer", "AnswerError", "AnswerRaised", "CheckContext", "CheckFailure", "Verdict",
-           "check", "checks_for", "exact", "plain_tensor", "probe", "run_checks",
+           "check", "checks_for", "exact", "paired", "plain_tensor", "probe", "run_checks",
            "state_changes", "torch_defaults"]
 
 MAX_MESSAGE_CHARS = 1200
@@ -337,6 +337,22 @@ class LocalAnswer(Answer):
     def send(self, probe_name, args, kwargs) -> bytes:
         args, kwargs = _probe.decode(_probe.encode((list(args), kwargs)))
         return _probe.call(self._obj, probe_name, tuple(args), kwargs, self.seed)
+
+
+def paired(asked: list, reply: Any, what: str) -> list[tuple]:
+    """``list(zip(asked, reply))`` when ``reply`` (what came back from a probe) is a list with
+    one entry per case ``asked``, or fewer ending with a ``{"raised": record}`` entry (the
+    probe stopped where the answer raised); else CheckFailure. A judge pairs its cases with a
+    reply through this: a kernel can send back any plain data, and a reply that covers fewer
+    cases must not pass them."""
+    stopped = (type(reply) is list and 0 < len(reply) <= len(asked)
+               and type(reply[-1]) is dict and "raised" in reply[-1])
+    if not stopped and (type(reply) is not list or len(reply) != len(asked)):
+        n = len(reply) if type(reply) is list else type(reply).__name__
+        raise CheckFailure(f"what came back from your answer covers {n} of the {len(asked)} "
+                           f"{what} the check asked about: the grader's probe did not run as "
+                           "shipped (answers must not modify the grader).")
+    return list(zip(asked, reply))
 
 
 def judged_in_kernel(exercise_id: str) -> bool:

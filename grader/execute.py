@@ -449,7 +449,7 @@ class _Run:
             raise
         message = v.message
         if any(VERDICT_MIME in o.get("data", {}) for c in cells[:grade_index]
-               for o in c.get("outputs", []) if c.get("cell_type") == "code"):
+               if notebook.role(c) in ("answer", "learner") for o in c.get("outputs", [])):
             message += (" (Your notebook displayed a verdict of its own: only the grader's "
                         "judge, outside your kernel, gives verdicts, so it counted for nothing.)")
         cell.outputs = [v4.new_output("display_data", data={

@@ -39,6 +39,8 @@ def test_reference_solution_scores_full_marks_and_runs_clean(lab_id, tmp_path):
     assert {e.id: e.status for e in result.exercises if e.status != "skipped"} == runnable, \
         [e.message for e in result.exercises if e.status not in ("passed", "skipped")]
     assert result.score == result.runnable_max_score
+    # (the in-kernel verdicts of exercises still judged there are the grader's own)
+    assert not [e.id for e in result.exercises if "displayed a verdict" in e.message]
     executed = notebook.read(tmp_path / "out" / f"{lab.notebook}.executed.ipynb")
     errors = [(c.id, o.get("ename")) for c in executed.cells if c.cell_type == "code"
               for o in c.outputs if o.get("output_type") == "error"]

@@ -73,8 +73,10 @@ def replay(cls, trace: list, capacity: int, max_split_size) -> dict:
         try:
             for op in trace:
                 before = len(gpu.log)
-                result = _apply(allocator, gpu, op, live)
-                steps.append({"result": result, "snapshot": allocator.snapshot(),
+                result = apply_op(allocator, gpu, op, live)
+                oom = isinstance(result, DeviceOutOfMemory)
+                steps.append({"result": "oom" if oom else result,
+                              "snapshot": allocator.snapshot(),
                               "calls": [list(c) for c in gpu.log[before:]
                                         if c[0] in ("cudaMalloc", "cudaFree")],
                               "segments": gpu.segments()})
@@ -83,14 +85,16 @@ def replay(cls, trace: list, capacity: int, max_split_size) -> dict:
     return {"steps": copy.deepcopy(steps), "raised": failure, "oracle": called[:3]}
 
 
-def _apply(allocator, gpu: SimulatedGPU, op: list, live: dict):
-    """One op of a trace, as ``labs.allocator.model.replay`` runs it; what malloc returned."""
+def apply_op(allocator, gpu: SimulatedGPU, op, live: dict):
+    """One op of a trace through ``allocator`` on ``gpu``, as ``labs.allocator.model.replay``
+    runs it (``live``: handle -> address); what malloc returned, or the DeviceOutOfMemory it
+    raised, else None. The judge runs the reference model through it too."""
     kind = op[0]
     if kind == "malloc":
         try:
             live[op[1]] = allocator.malloc(op[2], op[3])
-        except DeviceOutOfMemory:
-            return "oom"
+        except DeviceOutOfMemory as exc:
+            return exc
         return live[op[1]]
     if kind == "free" and op[1] in live:
         allocator.free(live.pop(op[1]))

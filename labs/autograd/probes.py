@@ -1078,7 +1078,8 @@ _TUPLE_DUNDERS = ("__iter__", "__len__", "__getitem__", "__contains__", "__eq__"
 
 def _plain_namedtuple(value) -> bool:
     """Whether ``value`` is an instance of a namedtuple class that redefines none of tuple's
-    dunders and holds nothing besides its items (``labs.autograd.checks._plain``)."""
+    dunders and holds nothing besides its items: then ``tuple.__iter__(value)`` gives exactly
+    what it holds."""
     cls = type(value)
     if not isinstance(value, tuple) or cls is tuple \
             or not isinstance(getattr(cls, "_fields", None), tuple):

@@ -38,3 +38,52 @@ def mlp(widths: list[int], generator: torch.Generator) -> nn.Sequential:
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=generator) * 0.3)
     return model
+
+
+class Crossed(nn.Module):
+    """Layers defined in one order and used in another: ``inp``, ``late``, ``early``, ``out``
+    (``nn.Linear``: ``width`` -> ``width``, the last to 3) registered in that order and run as
+    ``inp``, ``early``, ``late``, ``out``, so the order gradients become ready is not the reverse
+    of the order parameters were registered in. Weights drawn from ``generator``
+    (``N(0, 0.1**2)``)."""
+
+    def __init__(self, width: int, generator: torch.Generator):
+        super().__init__()
+        self.inp = nn.Linear(width, width)
+        self.late = nn.Linear(width, width)
+        self.early = nn.Linear(width, width)
+        self.out = nn.Linear(width, 3)
+        self.order = ["inp", "early", "late", "out"]
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for name in self.order:
+            x = torch.tanh(getattr(self, name)(x))
+        return x
+
+
+def build(spec: dict) -> nn.Module:
+    """A model from a plain ``spec``, the same in the probe and in the judge:
+    ``{"kind": "mlp", "widths": [...]}`` (:func:`mlp`), ``{"kind": "crossed", "width": w}``
+    (:class:`Crossed`) or ``{"kind": "stack", "widths": [...], "out": n}`` (:class:`Stack`);
+    weights from ``spec["state"]`` (a state dict) when given, else drawn from ``spec["seed"]``;
+    ``spec["frozen"]`` lists the layers (``mlp``: ``model[2 * i]``; ``stack``:
+    ``model.layers[i]``) set to ``requires_grad_(False)``."""
+    g = torch.Generator().manual_seed(int(spec.get("seed", 0)))
+    kind = spec["kind"]
+    if kind == "mlp":
+        model: nn.Module = mlp(list(spec["widths"]), g)
+    elif kind == "crossed":
+        model = Crossed(int(spec["width"]), g)
+    elif kind == "stack":
+        model = Stack(list(spec["widths"]), int(spec["out"]))
+    else:
+        raise ValueError(f"no model kind {kind!r}")
+    if spec.get("state") is not None:
+        model.load_state_dict(spec["state"])
+    for i in spec.get("frozen", ()):
+        layer = model.layers[i] if kind == "stack" else model[2 * i]
+        layer.requires_grad_(False)
+    return model

@@ -10,7 +10,8 @@ on the CPU, skips; where this machine lacks what they need they are skipped with
 import pytest
 import torch
 
-from grader.checks import run_checks
+from grader import probe
+from grader.checks import LocalAnswer, run_checks
 from grader.labs import lab_ids, load_lab
 from tests.conftest import ROOT
 
@@ -50,3 +51,55 @@ def test_every_exercise_has_tests_of_wrong_answers(exercise):
     lab, slug = exercise.split(".", 1)
     path = f"tests/labs/test_{lab}_{slug.replace('-', '_')}.py"
     assert (ROOT / path).is_file(), f"{path} is missing"
+
+
+def _emptied(value):
+    """``value`` with every list and tuple in it emptied (what a kernel that replaced a probe
+    can send back)."""
+    if type(value) in (list, tuple):
+        return type(value)()
+    if type(value) is dict:
+        return {k: _emptied(v) for k, v in value.items()}
+    return value
+
+
+def _shortened(value):
+    """``value`` with the last item of every list and tuple in it dropped."""
+    if type(value) in (list, tuple):
+        return type(value)(_shortened(v) for v in value[:-1])
+    if type(value) is dict:
+        return {k: _shortened(v) for k, v in value.items()}
+    return value
+
+
+class _Tampered(LocalAnswer):
+    """The reference answer behind a kernel that rewrites every probe's reply."""
+
+    def __init__(self, obj, exercise_id, seed, rewrite):
+        super().__init__(obj, exercise_id, seed)
+        self.rewrite, self.changed = rewrite, False
+
+    def send(self, probe_name, args, kwargs) -> bytes:
+        reply = probe.decode(super().send(probe_name, args, kwargs))
+        if "value" in reply:
+            new = self.rewrite(reply["value"])
+            self.changed |= probe.encode(new) != probe.encode(reply["value"])
+            reply["value"] = new
+        return probe.encode(reply)
+
+
+JUDGED = [ex for ex in EXERCISES if not load_lab(ex.split(".", 1)[0]).exercise(ex).judged_in_kernel]
+
+
+@pytest.mark.parametrize("rewrite", [_emptied, _shortened])
+@pytest.mark.parametrize("exercise", JUDGED)
+def test_a_reply_the_kernel_empties_or_shortens_never_passes(reference, exercise, rewrite):
+    """A kernel can replace any probe, so a judge must check that a reply covers every case it
+    asked about: a reply with its lists emptied or shortened (the reference's own, otherwise)
+    must not pass."""
+    _runnable(exercise)
+    answer = _Tampered(reference(exercise), exercise, 0, rewrite)
+    v = run_checks(exercise, answer, seed=0, device=DEVICE, hidden=True)
+    if not answer.changed:
+        pytest.skip("no reply of this exercise holds a list or tuple to empty or shorten")
+    assert v.status != "passed", v.message

@@ -133,7 +133,8 @@ def compare(cls, trace: list[tuple], *, capacity: int = 2 * model.GiB,
             max_split_size: int | None = None, coalesce: bool = True,
             label: str = "a trace", seen: dict | None = None) -> None:
     """Replay ``trace`` through ``cls(gpu, max_split_size=...)`` in the kernel (or take ``seen``,
-    :func:`replayed`'s report of it) and through the reference model here; raise CheckFailure at the first step where the address returned, the cudaMalloc /
+    :func:`replayed`'s report of it) and through the reference model here; raise
+    CheckFailure at the first step where the address returned, the cudaMalloc /
     cudaFree calls, or the segments and blocks differ."""
     ref_gpu = SimulatedGPU(capacity)
     seen = seen or replayed(cls, trace, capacity, max_split_size)
@@ -152,7 +153,7 @@ def compare(cls, trace: list[tuple], *, capacity: int = 2 * model.GiB,
         mine = seen["steps"][step - 1]
         before_ref = ref.snapshot()
         n_ref = len(ref_gpu.log)
-        ref_result = apply_op(ref, ref_gpu, op, ref_live)
+        ref_result = probes.apply_op(ref, ref_gpu, op, ref_live)
         mine_result = mine["result"]
         if op[0] == "malloc" and mine_result != "oom":
             mine_live[op[1]] = mine_result
@@ -196,29 +197,6 @@ def compare(cls, trace: list[tuple], *, capacity: int = 2 * model.GiB,
                 "front of the chosen block (its address); a split-off rest follows it." + context)
         if segs_mine != segs_ref:
             raise CheckFailure(f"{where}: {_diff(segs_mine, segs_ref, coalesce)}" + context)
-
-
-def apply_op(allocator, gpu, op, live):
-    """One op of the trace through the reference model (as ``model.replay`` runs it); returns
-    what malloc returned or raised."""
-    kind = op[0]
-    if kind == "malloc":
-        try:
-            result = allocator.malloc(op[2], op[3])
-        except DeviceOutOfMemory as exc:
-            return exc
-        live[op[1]] = result
-        return result
-    if kind == "free" and op[1] in live:
-        allocator.free(live.pop(op[1]))
-    elif kind == "use" and op[1] in live:
-        gpu.launch(op[2])
-        allocator.record_stream(live[op[1]], op[2])
-    elif kind == "sync":
-        gpu.synchronize(op[1])
-    elif kind == "empty_cache":
-        allocator.empty_cache()
-    return None
 
 
 def _reduce(seg: dict) -> dict:

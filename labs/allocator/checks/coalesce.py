@@ -8,9 +8,8 @@ from __future__ import annotations
 import random
 
 from grader.checks import CheckFailure, check
-from labs.allocator import model
+from labs.allocator import model, probes
 from labs.allocator.checks._harness import (
-    apply_op,
     compare,
     plain_snapshot,
     replayed,
@@ -59,7 +58,7 @@ def _figures(cls, trace, capacity, max_split_size, label):
     ref = model.CachingAllocatorModel(ref_gpu, max_split_size=max_split_size)
     snaps, ooms, live = [], [], {}
     for op in trace:
-        ooms.append(isinstance(apply_op(ref, ref_gpu, op, live), DeviceOutOfMemory))
+        ooms.append(isinstance(probes.apply_op(ref, ref_gpu, op, live), DeviceOutOfMemory))
         snaps.append(ref.snapshot())
     steps_ref = _steps(snaps, ooms)
     for step, ((oom_a, missed, a), (oom_b, _, b)) in enumerate(zip(steps_mine, steps_ref), 1):

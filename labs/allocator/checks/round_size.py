@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from grader.checks import CheckFailure, check, exact
+from grader.checks import CheckFailure, check, exact, paired
 from labs.allocator import model
 from labs.allocator import probes
 from labs.allocator.checks._harness import refuse_oracle, size
@@ -18,7 +18,7 @@ MiB = model.MiB
 def _verify(allocation_plan, cases: list[tuple[int, int]]) -> None:
     seen = allocation_plan.probe(probes.plans, [list(c) for c in cases])
     refuse_oracle(seen["oracle"])
-    for (request, divisions), got in zip(cases, seen["plans"]):
+    for (request, divisions), got in paired(cases, seen["plans"], "sizes"):
         what = f"allocation_plan({request}{f', {divisions}' if divisions else ''})"
         exact(got, tuple, f"the value {what} returned")
         if len(got) != 3:

@@ -33,7 +33,7 @@ def _run(program, leaves, seed=None):
 
 
 def _same(got, want, names, label, exact=False):
-    for name, g, w in zip(names, got, want):
+    for name, g, w in zip(names, got, want, strict=True):
         if w is None:
             if g is not None:
                 raise CheckFailure(f"{label}: {name} got a gradient but should get none.")

@@ -10,7 +10,7 @@ plain tensors); everything is compared here.
 """
 from __future__ import annotations
 
-from grader.checks import AnswerRaised, CheckFailure, check
+from grader.checks import AnswerRaised, CheckFailure, check, paired
 from labs.autograd import probes
 from labs.autograd.checks._plain import Shown, rebuilt
 
@@ -216,7 +216,7 @@ def _mismatch(result: dict, inputs: int) -> int | None:
     if type(analytical) is not list or type(numerical) is not list or \
             len(analytical) != inputs or len(numerical) != inputs:
         raise CheckFailure("what came back from your Softplus is not the probe's report.")
-    for k, (a, sides) in enumerate(zip(analytical, numerical)):
+    for k, (a, sides) in enumerate(zip(analytical, numerical, strict=True)):
         a = _tensor(a, "the gradient your backward returns")
         plus, minus = (_tensor(t, "the output of Softplus.apply(x, beta)") for t in sides)
         if any(type(t) is not torch.Tensor for t in (a, plus, minus)):
@@ -274,7 +274,7 @@ def _judge(Softplus, plan: list) -> None:
     """Send the requests of ``plan`` (``(request, judge)`` pairs) to the kernel in one probe
     call, then judge each result in order."""
     results = _runs(Softplus, [request for request, _ in plan])
-    for (_, judge), result in zip(plan, results):
+    for (_, judge), result in paired(plan, results, "requests"):
         judge(result)
 
 

@@ -141,7 +141,7 @@ def _compare(name: str, values, g, *, oracle=None, why: str = "the aten op"):
             raise _report()
         theirs = _leaves(values)
         want = (oracle or (lambda xs, v: _torch_grads(_call_op(name, xs), xs, v)))(theirs, v)
-        for arg, a, b in zip(tensor_names, got, want):
+        for arg, a, b in zip(tensor_names, got, want, strict=True):
             if a is None and b is not None:
                 raise CheckFailure(
                     f"{name}: your Function gives no gradient for `{arg}` (backward returned "
@@ -217,7 +217,7 @@ def _compare_saved(name: str, values):
                 raise CheckFailure(f"{name}: ctx.{k} is {value!r}; {Node}._saved_{k} is "
                                    f"{want_s[k]!r}: keep the Scalar argument `{k}` as it was "
                                    "passed (a Python number), as a ctx attribute.")
-        for n, t in zip(names, tensors):
+        for n, t in zip(names, tensors, strict=True):
             if n not in want_t:
                 raise CheckFailure(f"{name}: you saved the Scalar `{n}` as a tensor; {Node} "
                                    f"keeps it as a number (_saved_{n} is {want_s[n]!r}): store "

@@ -100,7 +100,7 @@ def _verify(mine: list, theirs, target: torch.dtype) -> None:
     if len(theirs) != len(mine) or any(type(r) is not dict for r in theirs):
         raise _report()
     eps = torch.finfo(target).eps
-    for rec, got in zip(mine, theirs):
+    for rec, got in zip(mine, theirs, strict=True):
         what = _desc(rec["dtype"], rec["shape"])
         held = _held(got.get("held"), f"for {what}")
         numel = rec["value"].numel()

@@ -14,7 +14,7 @@ metadata of fake outputs, graph counts).
 """
 from __future__ import annotations
 
-from grader.checks import AnswerRaised, CheckFailure, check
+from grader.checks import AnswerRaised, CheckFailure, check, paired
 from labs.dispatcher import probes
 from labs.dispatcher.checks._numbers import mismatch
 from labs.dispatcher.checks._plain import refuse, tensor
@@ -66,7 +66,7 @@ class _Tasks:
             raise AnswerRaised(seen["raised"])
         self.name = seen["name"]
         _registration(seen)
-        for judge, result in zip(self.judges, seen["results"]):
+        for judge, result in paired(self.judges, seen["results"], "calls"):
             if "raised" in result:
                 raise AnswerRaised(result["raised"])
             judge(result)

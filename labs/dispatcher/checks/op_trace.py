@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 
-from grader.checks import AnswerRaised, CheckFailure, check
+from grader.checks import AnswerRaised, CheckFailure, check, paired
 from labs.dispatcher import probes
 from labs.dispatcher.checks._plain import refuse, tensor
 
@@ -178,7 +178,7 @@ def compare(OpTrace, cases: list) -> None:
     answer's mode in its kernel (one probe for all); compare, case by case."""
     seen = OpTrace.probe(probes.traces, [[spec, seed] for spec, seed, _ in cases])
     _not_a_mode(seen)
-    for (spec, seed, where), run in zip(cases, seen["runs"]):
+    for (spec, seed, where), run in paired(cases, seen["runs"], "programs"):
         ref, want_values = _reference(spec, seed)
         if "raised" in run:
             raise AnswerRaised(run["raised"])
@@ -243,7 +243,7 @@ def nested_modes(OpTrace, ctx):
     _not_a_mode(seen)
     ref, want_values = _reference(["mlp"], seed)
     want = [str(op) for op in ref.ops]
-    for order, run in zip(probes.NESTINGS, seen["runs"]):
+    for order, run in paired(list(probes.NESTINGS), seen["runs"], "nestings"):
         if "raised" in run:
             raise AnswerRaised(run["raised"])
         where = f"the MLP program with {order}"

@@ -12,7 +12,7 @@ dtype and device its TensorImpl records), and ``inner * scale`` is computed here
 """
 from __future__ import annotations
 
-from grader.checks import AnswerRaised, CheckFailure, check
+from grader.checks import AnswerRaised, CheckFailure, check, paired
 from labs.dispatcher import probes
 from labs.dispatcher.checks._numbers import mismatch
 from labs.dispatcher.checks._plain import refuse
@@ -34,7 +34,7 @@ def _cases(ScaledTensor, name: str, seed: int) -> list[tuple[dict, dict]]:
         raise CheckFailure("ScaledTensor does not define __torch_dispatch__ (it inherits "
                            "torch.Tensor's). Define it as a classmethod __torch_dispatch__(cls, "
                            "func, types, args=(), kwargs=None).")
-    return list(zip(probes.subclass_cases(name, seed), seen["cases"]))
+    return paired(probes.subclass_cases(name, seed), seen["cases"], "cases")
 
 
 def _raised(seen: dict) -> None:
@@ -206,7 +206,7 @@ def _run_case(case: dict, seen: dict) -> None:
         raise CheckFailure(f"{where}: raised {exc.ename}: {text}{exc.record.get('where', '')}; "
                            "on dense tensors torch computes it without error.")
     _match(seen["out"], want, where)
-    for k, (after, d) in enumerate(zip(seen["after"], dense)):
+    for k, (after, d) in enumerate(zip(seen["after"], dense, strict=True)):
         if after is not None:
             _match([after], d, f"{where}: afterwards, input {k}")
 
@@ -237,7 +237,7 @@ def _autograd_case(case: dict, seen: dict) -> None:
     if "grads_raised" in seen:
         raise AnswerRaised(seen["grads_raised"])
     for k, (mine, ref, (inner, s, kind)) in enumerate(zip(seen["grads"], wants,
-                                                          case["leaves"])):
+                                                          case["leaves"], strict=True)):
         name = (f"the gradient of leaf {k} "
                 f"({_describe(inner * s if kind == 'd' else inner, s, kind == 's')})")
         if ref is None:
@@ -305,7 +305,7 @@ def matmul_multiplies_scales(ScaledTensor, ctx):
             continue
         _raised(seen)
         (A, s1), (B, s2) = case["a"], case["b"]
-        for made, inner in zip(seen["made"], (A, B)):
+        for made, inner in zip(seen["made"], (A, B), strict=True):
             _made(made, inner)
         fn = case["fn"]
         where = (f"{case['label']} for ScaledTensors of shapes {tuple(A.shape)} (scale {s1}) and "
@@ -349,7 +349,7 @@ def views_and_inplace(ScaledTensor, ctx):
             _match([seen["after"]], dense, f"after {label}.mul_(-2.0), the original")
             continue
         (A, s1), (B, s2) = case["a"], case["b"]
-        for made, inner in zip(seen["made"], (A, B)):
+        for made, inner in zip(seen["made"], (A, B), strict=True):
             _made(made, inner)
         dense, dense_b = A * s1, B * s2
         fn(dense, dense_b)

@@ -1,5 +1,7 @@
 """The distributed lab's checks, one module per exercise (each registers with grader.checks.check).
-Every check starts its own ranks with :func:`labs.distributed.launch.run`."""
+They are judges: the answer runs in the learner's kernel, on ranks the probes of
+``labs/distributed/probes.py`` start there, and the judges start ranks of their own (with
+:func:`labs.distributed.launch.run`) to run torch's collectives, DDP, FSDP2 and DTensor."""
 from labs.distributed.checks import (  # noqa: F401  (imported to register their checks)
     collective_cost,
     ddp_buckets,

@@ -6,51 +6,31 @@ parameters in the order ``GradBucket.parameters()`` lists them; ``first`` for th
 iteration, ``rebuilt`` for the iterations after DDP rebuilt its buckets from the order the
 gradients became ready. The oracle is DDP itself: two gloo ranks train a copy of the model for
 two iterations (loss ``model(x).sum()``, ``x`` shaped like ``sample``) with a comm hook that
-records every bucket it is given. The answer gets its own copy of the model.
+records every bucket it is given, started by the judge in its own process. The answer runs in
+the kernel (the probe :func:`labs.distributed.probes.ddp_buckets`) on its own copy of the model,
+built from the same plain spec (:func:`labs.distributed.models.build`).
 (torch/nn/parallel/distributed.py: DistributedDataParallel._ddp_init_helper,
 _BucketCapacityConfig; torch/csrc/distributed/c10d/reducer.cpp: Reducer::rebuild_buckets,
 compute_bucket_assignment_by_size.)"""
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from grader.checks import CheckFailure, check
+from labs.distributed import probes
 from labs.distributed.launch import run
-from labs.distributed.models import mlp
+from labs.distributed.models import Crossed, build, mlp
 
 EXERCISE = "distributed.ddp-buckets"
 MIB = 1024 * 1024
 
 
-class Crossed(nn.Module):
-    """Layers defined in one order and used in another: the order gradients become ready is not
-    the reverse of the order parameters were registered in."""
-
-    def __init__(self, width: int, g: torch.Generator):
-        super().__init__()
-        self.inp = nn.Linear(width, width)
-        self.late = nn.Linear(width, width)
-        self.early = nn.Linear(width, width)
-        self.out = nn.Linear(width, 3)
-        self.order = ["inp", "early", "late", "out"]
-        with torch.no_grad():
-            for p in self.parameters():
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-
-    def forward(self, x):
-        for name in self.order:
-            x = torch.tanh(getattr(self, name)(x))
-        return x
-
-
-def _frozen(model: nn.Sequential, layer: int) -> nn.Sequential:
-    model[2 * layer].requires_grad_(False)
-    return model
+def _spec(model: nn.Module, **spec) -> dict:
+    """A plain spec of ``model`` (built as ``spec`` says), its weights as they are."""
+    return spec | {"state": dict(model.state_dict())}
 
 
 def _record(model: nn.Module, sample: torch.Tensor, cap) -> dict:
@@ -74,9 +54,9 @@ def _record(model: nn.Module, sample: torch.Tensor, cap) -> dict:
     return found
 
 
-def _compare(predict_buckets, model: nn.Module, sample: torch.Tensor, cap, what: str) -> None:
-    real = run(_record, 2, copy.deepcopy(model), sample, cap, echo=False)[0]
-    got = predict_buckets(copy.deepcopy(model), sample.clone(), cap)
+def _compare(predict_buckets, spec: dict, sample: torch.Tensor, cap, what: str) -> None:
+    real = run(_record, 2, build(spec), sample, cap, echo=False)[0]
+    got = predict_buckets.probe(probes.ddp_buckets, spec, sample, cap)
     if not isinstance(got, dict) or set(got) != {"first", "rebuilt"}:
         raise CheckFailure(f"for {what}, predict_buckets returned {type(got).__name__} "
                            f"{sorted(got) if isinstance(got, dict) else ''}; return a dict with "
@@ -102,10 +82,12 @@ def _short(buckets: list[list]) -> str:
 def small_mlp(predict_buckets, ctx):
     """DDP's buckets in iterations 1 and 2 of an MLP and of layers run out of order"""
     g = torch.Generator().manual_seed(ctx.seed)
-    model = mlp([32, 64, 64, 10], g)
+    widths = [32, 64, 64, 10]
+    model = _spec(mlp(widths, g), kind="mlp", widths=widths)
     _compare(predict_buckets, model, torch.randn(4, 32, generator=g), 0.01,
              "Sequential(32 -> 64 -> 64 -> 10), bucket_cap_mb=0.01")
-    _compare(predict_buckets, Crossed(48, g), torch.randn(2, 48, generator=g), 0.01,
+    crossed = _spec(Crossed(48, g), kind="crossed", width=48)
+    _compare(predict_buckets, crossed, torch.randn(2, 48, generator=g), 0.01,
              "Crossed(48): layers defined inp, late, early, out and run inp, early, late, out; "
              "bucket_cap_mb=0.01")
 
@@ -117,13 +99,15 @@ def seeded_models(predict_buckets, ctx):
     widths = [int(w) for w in torch.randint(8, 80, (5,), generator=g)]
     cap = float(torch.empty(()).uniform_(0.005, 0.03, generator=g))
     exact = (widths[-2] + 1) * widths[-1] * 4 / MIB  # (a power of 2 apart: exact in a float)
+    big = [600, 640, 600, 8]
     cases = [
-        (mlp(widths, g), f"a seeded MLP {widths}, bucket_cap_mb={cap:.4f}", cap, widths[0]),
-        (_frozen(mlp(widths, g), 1),
+        (_spec(mlp(widths, g), kind="mlp", widths=widths),
+         f"a seeded MLP {widths}, bucket_cap_mb={cap:.4f}", cap, widths[0]),
+        (_spec(mlp(widths, g), kind="mlp", widths=widths, frozen=[1]),
          f"the MLP {widths} with layer 1 frozen, bucket_cap_mb={cap:.4f}", cap, widths[0]),
-        (mlp(widths, g), f"the MLP {widths}, bucket_cap_mb={exact} (the last layer exactly)",
-         exact, widths[0]),
-        (mlp([600, 640, 600, 8], g),
+        (_spec(mlp(widths, g), kind="mlp", widths=widths),
+         f"the MLP {widths}, bucket_cap_mb={exact} (the last layer exactly)", exact, widths[0]),
+        (_spec(mlp(big, g), kind="mlp", widths=big),
          "an MLP of 3.1 MB with the default bucket_cap_mb (None)", None, 600),
     ]
     for model, what, cap, width in cases:

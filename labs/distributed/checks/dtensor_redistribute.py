@@ -6,33 +6,31 @@ on every rank with that rank's local tensor of a DTensor placed as ``src`` (a tu
 oracle is DTensor: ``DTensor.from_local(local, mesh, src).redistribute(mesh, dst).to_local()``
 on the same rank, and its ``CommDebugMode`` counts (collectives compared by kind: all_gather,
 all_reduce, reduce_scatter, all_to_all, broadcast, whatever API issued them). Four gloo ranks,
-meshes (4,) and (2, 2), 2-D tensors whose sharded sizes divide evenly.
+meshes (4,) and (2, 2), 2-D tensors whose sharded sizes divide evenly. The answer runs on ranks
+the kernel starts (the probe :func:`labs.distributed.probes.redistribute`, which reports what
+each rank's call returned and issued); the judge runs DTensor on ranks of its own, from the same
+inputs (:func:`labs.distributed.probes.dtensor_source`).
 (torch/distributed/tensor/_redistribute.py: redistribute_local_tensor, _gen_transform_infos;
 torch/distributed/tensor/placement_types.py: Shard._to_replicate_tensor, Partial._reduce_value,
 Partial._reduce_shard_value.)"""
 
 from __future__ import annotations
 
-import os
-import traceback
-
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import (
-    DTensor,
-    Partial,
-    Placement,
-    Replicate,
-    Shard,
-    distribute_tensor,
-)
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.debug import CommDebugMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from grader.checks import CheckFailure, check, plain_tensor
-from labs.distributed.checks._comms import KINDS, describe
+from grader.checks import AnswerError, CheckFailure, check
+from labs.distributed import probes
 from labs.distributed.launch import run
+from labs.distributed.probes import (
+    comm_counts,
+    describe,
+    dtensor_case,
+    dtensor_source,
+    placement,
+)
 
 EXERCISE = "distributed.dtensor-redistribute"
 S0, S1, R, P = Shard(0), Shard(1), Replicate(), Partial()
@@ -48,96 +46,81 @@ HIDDEN = {
 }
 
 
-def name(placements) -> str:
-    """``(Shard(0), Replicate())`` as ``"(S(0), R)"``, the way DTensor prints placements."""
-    return "(" + ", ".join(str(p) for p in placements) + ")"
+def _code(p) -> str:
+    """A placement's plain code (:func:`labs.distributed.probes.placement`)."""
+    return "R" if p.is_replicate() else "P" if p.is_partial() else f"S{p.dim}"
 
 
-def _counts(mode: CommDebugMode) -> dict[str, int]:
-    found: dict[str, int] = {}
-    for op, n in mode.get_comm_counts().items():
-        kind = KINDS.get(str(op).rsplit(".", 1)[-1], str(op))
-        found[kind] = found.get(kind, 0) + n
+def _plain(cases: dict) -> list:
+    return [[list(mesh_shape), [[[_code(p) for p in src], [_code(p) for p in dst]]
+                                for src, dst in pairs]] for mesh_shape, pairs in cases.items()]
+
+
+def _oracle(seed: int, cases: list, shape: list) -> list[dict]:
+    """On every rank of the judge's own world: DTensor's local tensor and collectives for each
+    case."""
+    full = torch.randn(tuple(shape), generator=torch.Generator().manual_seed(seed))
+    found = []
+    for mesh_shape, pairs in cases:
+        mesh = init_device_mesh("cpu", tuple(mesh_shape))
+        for src, dst in pairs:
+            src_p, dst_p = tuple(map(placement, src)), tuple(map(placement, dst))
+            local = dtensor_source(full, mesh, src_p, seed)
+            source = DTensor.from_local(local, mesh, src_p, run_check=False)
+            with CommDebugMode() as mode:
+                want = source.redistribute(mesh, dst_p).to_local()
+            found.append({"want": want.contiguous(), "counts": comm_counts(mode)})
     return found
 
 
-class _DTensorIssued(TorchDispatchMode):
-    """Notes the first c10d op issued from DTensor's own code (``torch/distributed/tensor/``,
-    its debug tools aside): an answer that lets DTensor redistribute for it."""
-
-    def __init__(self):
-        super().__init__()
-        self.where = ""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace in ("c10d", "_c10d_functional") and not self.where:
-            for frame in traceback.extract_stack():
-                path = frame.filename.replace(os.sep, "/")
-                if "torch/distributed/tensor/" in path and "/debug/" not in path:
-                    self.where = f"torch/{path.split('/torch/', 1)[-1]}: {frame.name}"
-                    break
-        return func(*args, **(kwargs or {}))
+def _judge(redistribute, seed: int, cases: dict, shape: list) -> None:
+    plain = _plain(cases)
+    seen = redistribute.probe(probes.redistribute, seed, plain, shape)
+    if "failed" in seen:
+        raise CheckFailure(seen["failed"])
+    if "failure" in seen:
+        raise AnswerError(seen["failure"])
+    ranks = seen["ranks"]
+    wanted = run(_oracle, 4, seed, plain, shape, echo=False)
+    flat = [(mesh_shape, src, dst) for mesh_shape, pairs in plain for src, dst in pairs]
+    for i, (mesh_shape, src, dst) in enumerate(flat):
+        for rank in range(4):
+            what = dtensor_case(src, dst, mesh_shape, shape, rank)
+            _check_case(ranks[rank][i], wanted[rank][i], what)
 
 
-def _source(full: torch.Tensor, mesh, src: tuple[Placement, ...], seed: int) -> torch.Tensor:
-    """This rank's local tensor of a DTensor placed as ``src``: ``full`` sharded and
-    replicated, then along each Partial mesh dimension split into seeded random parts."""
-    local = distribute_tensor(full, mesh, [R if p.is_partial() else p for p in src]).to_local()
-    coord = mesh.get_coordinate()
-    for i, p in enumerate(src):
-        if p.is_partial():  # parts summing to local: local/k + noise, and at coordinate 0
-            g = torch.Generator().manual_seed(seed * 31 + i)  # local/k - (k - 1) noise
-            noise = torch.randn(local.shape, generator=g)
-            local = local / mesh.size(i) + noise * (1 if coord[i] else 1 - mesh.size(i))
-    return local
-
-
-def _on_rank(redistribute, seed: int, cases: dict, shape: tuple[int, int]) -> None:
-    g = torch.Generator().manual_seed(seed)
-    full = torch.randn(shape, generator=g)
-    for mesh_shape, pairs in cases.items():
-        mesh = init_device_mesh("cpu", mesh_shape)
-        for src, dst in pairs:
-            local = _source(full, mesh, src, seed)
-            source = DTensor.from_local(local, mesh, src, run_check=False)
-            with CommDebugMode() as oracle:
-                want = source.redistribute(mesh, dst).to_local()
-            what = (f"{name(src)} -> {name(dst)} on a mesh of shape {mesh_shape} (a tensor of "
-                    f"shape {list(shape)}, rank {dist.get_rank()} at mesh coordinate "
-                    f"{tuple(mesh.get_coordinate())})")
-            with CommDebugMode() as mode, _DTensorIssued() as issued:
-                try:
-                    got = redistribute(local.clone(), mesh, src, dst)
-                except Exception as exc:  # (the verdict says which case it raised on)
-                    exc.add_note(f"for {what}")
-                    raise
-            if issued.where:
-                raise CheckFailure(
-                    f"for {what}, DTensor's own code issued a collective ({issued.where}): "
-                    "redistribute the local tensor yourself, with collectives on the groups of "
-                    "the mesh's dimensions.")
-            plain_tensor(got, f"for {what}, the value redistribute returned")
-            if got.shape != want.shape:
-                raise CheckFailure(f"for {what}, your local tensor has shape {list(got.shape)}; "
-                                   f"DTensor's has shape {list(want.shape)} (a collective on "
-                                   "the whole world instead of the mesh dimension's group "
-                                   "mesh.get_group(i), or a chunk too many or too few?).")
-            torch.testing.assert_close(got, want, msg=lambda m, what=what: (
-                f"for {what}, your local tensor differs from DTensor's (is each mesh "
-                "dimension's shard the chunk at this rank's coordinate on that dimension, and "
-                "when two mesh dimensions split one tensor dimension, is the order of the "
-                f"gathers and chunks right?): {m}"))
-            mine, theirs = _counts(mode), _counts(oracle)
-            if mine != theirs:
-                raise CheckFailure(
-                    f"for {what}, you issued {describe(mine)}; DTensor's redistribute issues "
-                    f"{describe(theirs)}.")
+def _check_case(mine: dict, oracle: dict, what: str) -> None:
+    if mine["issued"]:
+        raise CheckFailure(
+            f"for {what}, DTensor's own code issued a collective ({mine['issued']}): "
+            "redistribute the local tensor yourself, with collectives on the groups of "
+            "the mesh's dimensions.")
+    got, want = mine["got"], oracle["want"]
+    if got is None:
+        why = ("a subclass of Tensor; return a plain Tensor" if mine["tensor"]
+               else "not a Tensor or Parameter")
+        raise CheckFailure(f"for {what}, the value redistribute returned has type "
+                           f"{mine['type']}, {why}.")
+    if got.shape != want.shape:
+        raise CheckFailure(f"for {what}, your local tensor has shape {list(got.shape)}; "
+                           f"DTensor's has shape {list(want.shape)} (a collective on "
+                           "the whole world instead of the mesh dimension's group "
+                           "mesh.get_group(i), or a chunk too many or too few?).")
+    torch.testing.assert_close(got, want, msg=lambda m, what=what: (
+        f"for {what}, your local tensor differs from DTensor's (is each mesh "
+        "dimension's shard the chunk at this rank's coordinate on that dimension, and "
+        "when two mesh dimensions split one tensor dimension, is the order of the "
+        f"gathers and chunks right?): {m}"))
+    if mine["counts"] != oracle["counts"]:
+        raise CheckFailure(
+            f"for {what}, you issued {describe(mine['counts'])}; DTensor's redistribute issues "
+            f"{describe(oracle['counts'])}.")
 
 
 @check(EXERCISE)
 def public_pairs(redistribute, ctx):
     """local shards and collectives as DTensor's on meshes (4,) and (2, 2)"""
-    run(_on_rank, 4, redistribute, ctx.seed, PUBLIC, (8, 12), echo=False)
+    _judge(redistribute, ctx.seed, PUBLIC, [8, 12])
 
 
 @check(EXERCISE, hidden=True)
@@ -145,4 +128,4 @@ def more_pairs(redistribute, ctx):
     """local shards and collectives as DTensor's on more pairs, nested shards, seeded shapes"""
     g = torch.Generator().manual_seed(ctx.seed)
     shape = tuple(4 * int(k) for k in torch.randint(1, 5, (2,), generator=g))
-    run(_on_rank, 4, redistribute, ctx.seed, HIDDEN, shape, echo=False)
+    _judge(redistribute, ctx.seed, HIDDEN, list(shape))

@@ -12,8 +12,10 @@ the bytes each rank holds, as ``{key: [bytes of rank 0, rank 1, ...]}`` with the
   forward;
 - ``after_forward``: the same when forward has returned, before backward.
 
-The oracle is a real run: ``world_size`` gloo ranks shard a copy of the model with
-``fully_shard``, run forward, backward and an Adam step, and measure each quantity on each rank.
+The oracle is a real run: ``world_size`` gloo ranks, started by the judge in its own process,
+shard a copy of the model with ``fully_shard``, run forward, backward and an Adam step, and
+measure each quantity on each rank. The answer runs in the kernel (the probe
+:func:`labs.distributed.probes.fsdp_memory`, which builds the same model from a plain spec).
 (torch/distributed/fsdp/_fully_shard/_fully_shard.py: fully_shard;
 _fsdp_param.py: FSDPParam (chunked on dim 0, torch.chunk); _fsdp_param_group.py: FSDPParamGroup
 .unshard, .reshard, post_forward_mesh_info; _fsdp_state.py: FSDPState._lazy_init (the root).)
@@ -28,8 +30,9 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from grader.checks import CheckFailure, check
+from labs.distributed import probes
 from labs.distributed.launch import run
-from labs.distributed.models import Stack
+from labs.distributed.models import Stack, build
 
 EXERCISE = "distributed.fsdp-memory"
 KEYS = ("params", "grads", "optim", "peak_forward", "after_forward")
@@ -79,12 +82,12 @@ def _measure_each(model: Stack) -> dict:
     return {reshard: measure(copy.deepcopy(model), reshard) for reshard in (None, True, False)}
 
 
-def _compare(fsdp_memory, model: Stack, world_size: int, what: str) -> None:
-    measured = run(_measure_each, world_size, model, echo=False)
+def _compare(fsdp_memory, spec: dict, world_size: int, what: str) -> None:
+    measured = run(_measure_each, world_size, build(spec), echo=False)
     for reshard in (None, True, False):
         real = [m[reshard] for m in measured]
         call = f"fsdp_memory(model, {world_size}, reshard_after_forward={reshard})"
-        got = fsdp_memory(copy.deepcopy(model), world_size, reshard)
+        got = fsdp_memory.probe(probes.fsdp_memory, spec, world_size, reshard)
         if not isinstance(got, dict) or set(got) != set(KEYS):
             raise CheckFailure(f"for {what}, {call} returned "
                                f"{sorted(got) if isinstance(got, dict) else type(got).__name__}"
@@ -104,8 +107,8 @@ def _compare(fsdp_memory, model: Stack, world_size: int, what: str) -> None:
 @check(EXERCISE)
 def four_ranks(fsdp_memory, ctx):
     """bytes per rank on 4 ranks: Stack([16, 40, 24, 30], 3), each reshard_after_forward"""
-    torch.manual_seed(ctx.seed)
-    _compare(fsdp_memory, Stack([16, 40, 24, 30], 3), 4, "Stack([16, 40, 24, 30], out=3)")
+    spec = {"kind": "stack", "widths": [16, 40, 24, 30], "out": 3, "seed": ctx.seed}
+    _compare(fsdp_memory, spec, 4, "Stack([16, 40, 24, 30], out=3)")
 
 
 @check(EXERCISE, hidden=True)
@@ -114,7 +117,7 @@ def seeded_stacks(fsdp_memory, ctx):
     g = torch.Generator().manual_seed(ctx.seed)
     widths = [int(w) for w in torch.randint(5, 50, (5,), generator=g)]
     out = int(torch.randint(1, 4, (1,), generator=g))
-    _compare(fsdp_memory, Stack(widths, out), 3, f"Stack({widths}, out={out})")
-    model = Stack(widths, out)
-    model.layers[1].requires_grad_(False)
-    _compare(fsdp_memory, model, 2, f"Stack({widths}, out={out}) with layers[1] frozen")
+    spec = {"kind": "stack", "widths": widths, "out": out, "seed": ctx.seed}
+    _compare(fsdp_memory, spec, 3, f"Stack({widths}, out={out})")
+    _compare(fsdp_memory, spec | {"frozen": [1]}, 2,
+             f"Stack({widths}, out={out}) with layers[1] frozen")

@@ -7,22 +7,23 @@ DDP does (torch/csrc/distributed/c10d/reducer.cpp: Reducer::autograd_hook, mark_
 finalize_backward): ``self.buckets`` holds the parameters that require grad, in reverse order
 of ``module.parameters()``, closed when a bucket reaches ``bucket_cap_mb`` MiB; each backward
 issues exactly one all-reduce per bucket (seen by
-:class:`~labs.distributed.checks._comms.CommLog`), and the first is issued while backward is
-still running (before the last gradient is accumulated), so communication overlaps compute."""
+:class:`~labs.distributed.probes.CommLog`), and the first is issued while backward is
+still running (before the last gradient is accumulated), so communication overlaps compute.
+The ranks train in the kernel (the probe :func:`labs.distributed.probes.mini_ddp`, which reports
+each rank's buckets, collectives, timings, gradients and final parameters); the judge trains the
+one-process oracle itself."""
 
 from __future__ import annotations
 
 import copy
-import time
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from grader.checks import CheckFailure, check
-from labs.distributed.checks._comms import CommLog, describe
-from labs.distributed.launch import run
+from grader.checks import AnswerError, CheckFailure, check
+from labs.distributed import probes
 from labs.distributed.models import mlp
+from labs.distributed.probes import describe
 
 EXERCISE = "distributed.mini-ddp"
 STEPS, LR = 3, 0.1
@@ -45,76 +46,40 @@ def expected_buckets(module: nn.Module, bucket_cap_mb: float) -> list[list[str]]
     return buckets + ([bucket] if bucket else [])
 
 
-class _Issued(CommLog):
-    """A CommLog that also notes, for each all-reduce, how many gradients were ready when it
-    was issued and when (``time.perf_counter``, s)."""
-
-    def __init__(self, ready: list[int]):
-        super().__init__()
-        self.ready, self.at_issue, self.issued_at = ready, [], []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace in ("c10d", "_c10d_functional") and "reduce" in func._opname:
-            self.at_issue.append(self.ready[0])
-            self.issued_at.append(time.perf_counter())
-        return super().__torch_dispatch__(func, types, args, kwargs)
-
-
-def _train(MiniDDP, model: nn.Module, cap: float, x: torch.Tensor, y: torch.Tensor,
-           late: bool) -> dict:
-    """On every rank: STEPS of SGD through MiniDDP on this rank's slice of (x, y); with
-    ``late``, the last rank starts its first backward LATE seconds after the others."""
-    rank, p = dist.get_rank(), dist.get_world_size()
-    ddp = MiniDDP(model, cap)
-    if isinstance(ddp, nn.parallel.DistributedDataParallel) or any(
-            isinstance(m, nn.parallel.DistributedDataParallel) for m in ddp.modules()):
-        raise CheckFailure("MiniDDP wraps torch's DistributedDataParallel: build the buckets, "
-                           "hooks and all-reduces yourself.")
-    names = {id(q): n for n, q in model.named_parameters()}
-    try:
-        buckets = [[names[id(q)] for q in b] for b in ddp.buckets]
-    except (AttributeError, KeyError, TypeError):
-        raise CheckFailure("MiniDDP(module, bucket_cap_mb).buckets must be a list of buckets, "
-                           "each a list of the module's parameters.") from None
-    ready, ready_at = [0], []
-    trainable = [q for q in model.parameters() if q.requires_grad]
-
-    def count(_):
-        ready[0] += 1
-        ready_at.append(time.perf_counter())
-
-    for q in trainable:
-        q.register_post_accumulate_grad_hook(count)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    xs, ys = x.chunk(p)[rank], y.chunk(p)[rank]
-    steps = []
-    for step in range(STEPS):
-        opt.zero_grad()
-        loss = nn.functional.mse_loss(ddp(xs), ys)
-        ready[0], ready_at[:] = 0, []
-        if late and step == 0 and rank == p - 1:  # (an all-reduce waited for blocks backward)
-            time.sleep(LATE)
-        with _Issued(ready) as log:
-            loss.backward()
-        if any(q.grad is None for q in trainable):
-            raise CheckFailure("after loss.backward() a parameter that requires grad has no "
-                               ".grad: write the averaged gradient back into every .grad.")
-        first = log.issued_at[0] if log.issued_at else None
-        steps.append({"counts": log.counts(), "at_issue": log.at_issue,
-                      "blocked": late and first is not None and step == 0 and rank == 0
-                      and min((t for t in ready_at if t > first), default=first) - first
-                      > LATE / 2,
-                      "grads": torch.cat([q.grad.reshape(-1) for q in trainable])})
-        opt.step()
-    return {"buckets": buckets, "steps": steps, "trainable": len(trainable),
-            "params": {n: q.detach().clone() for n, q in model.named_parameters()}}
+def _blocked(rank: dict) -> bool:
+    """Whether rank 0's first backward stopped at its first all-reduce until the late rank had
+    issued it: no gradient became ready within LATE / 2 s after it."""
+    step = rank["steps"][0]
+    if not step["issued_at"]:
+        return False
+    first = step["issued_at"][0]
+    return min((t for t in step["ready_at"] if t > first), default=first) - first > LATE / 2
 
 
 def _compare(MiniDDP, model: nn.Module, cap: float, p: int, g: torch.Generator, what: str,
              late: bool = False):
     x = torch.randn(12, model[0].in_features, generator=g)
     y = torch.randn(12, model[-1].out_features, generator=g)
-    results = run(_train, p, MiniDDP, copy.deepcopy(model), cap, x, y, late, echo=False)
+    widths = [model[0].in_features] + [model[2 * i].out_features
+                                       for i in range(len(model) // 2 + 1)]
+    spec = {"kind": "mlp", "widths": widths, "state": dict(model.state_dict()),
+            "frozen": [i for i in range(len(widths) - 1)
+                       if not all(q.requires_grad for q in model[2 * i].parameters())]}
+    seen = MiniDDP.probe(probes.mini_ddp, spec, cap, p, x, y, STEPS, LR, LATE if late else 0.0)
+    if "failed" in seen:
+        raise CheckFailure(seen["failed"])
+    if "failure" in seen:
+        raise AnswerError(seen["failure"])
+    results = seen["ranks"]
+    if any(r.get("wraps_ddp") for r in results):
+        raise CheckFailure("MiniDDP wraps torch's DistributedDataParallel: build the buckets, "
+                           "hooks and all-reduces yourself.")
+    if any(r["buckets"] is None for r in results):
+        raise CheckFailure("MiniDDP(module, bucket_cap_mb).buckets must be a list of buckets, "
+                           "each a list of the module's parameters.")
+    if any(s.get("missing_grad") for r in results for s in r["steps"]):
+        raise CheckFailure("after loss.backward() a parameter that requires grad has no "
+                           ".grad: write the averaged gradient back into every .grad.")
     want_buckets = expected_buckets(model, cap)
     mine = results[0]
     if mine["buckets"] != want_buckets:
@@ -131,7 +96,7 @@ def _compare(MiniDDP, model: nn.Module, cap: float, p: int, g: torch.Generator, 
             raise CheckFailure(
                 f"for {what}, backward {i + 1} issued {describe(step['counts'])}; DDP issues "
                 f"one all_reduce per bucket: {len(want_buckets)} here.{why}")
-        if step["blocked"]:
+        if late and i == 0 and _blocked(mine):
             raise CheckFailure(
                 f"for {what}, backward {i + 1} stopped at the first all-reduce until every rank "
                 "had issued it (one rank started backward late): the hook waited for it, so "

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from grader.checks import AnswerRaised, CheckFailure, check
+from grader.checks import AnswerRaised, CheckFailure, check, paired
 from labs.export import probes
 
 EXERCISE = "export.mini-interpreter"
@@ -94,7 +94,7 @@ def compare(interpret, spec: list, model: nn.Module, example: tuple, draw, what:
     names = [s.arg.name for s in sig.input_specs if s.kind.name == "USER_INPUT"]
     calls = [list(draw()) for _ in range(CALLS)]
     seen = interpret.probe(probes.interpreted, spec, state, list(example), calls)
-    for call, (args, run) in enumerate(zip(calls, seen["calls"]), start=1):
+    for call, (args, run) in enumerate(paired(calls, seen["calls"], "calls"), start=1):
         when = f"for {what}, call {call} of {CALLS}"
         if run["refused"]:
             raise CheckFailure(WALK.format(what=run["refused"][0]))
@@ -121,7 +121,7 @@ def compare(interpret, spec: list, model: nn.Module, example: tuple, draw, what:
                                    "plain Tensor.")
             torch.testing.assert_close(have, real.detach(), msg=lambda m, i=i, when=when: (
                 f"{when}, output {i} differs from what ep.module() returns: {m}"))
-        for name, have, real, before in zip(names, run["args"], theirs, args):
+        for name, have, real, before in zip(names, run["args"], theirs, args, strict=True):
             if not torch.equal(have, real):
                 how = ("is unchanged: write each USER_INPUT_MUTATION output into the caller's "
                        "tensor (copy_)" if torch.equal(have, before) and name in written else

@@ -25,7 +25,7 @@ import warnings
 
 import torch
 
-from grader.checks import AnswerRaised, CheckFailure, check, exact
+from grader.checks import AnswerRaised, CheckFailure, check, exact, paired
 from labs.export import probes
 
 EXERCISE = "export.signature"
@@ -116,7 +116,7 @@ def compare(predict_signature, cases: list) -> None:
     what)`` of ``cases`` (one probe for all); export each here (the oracle) and raise
     CheckFailure at the first entry that differs."""
     seen = predict_signature.probe(probes.signatures, [spec for spec, _ in cases])
-    for (spec, what), run in zip(cases, seen):
+    for (spec, what), run in paired(cases, seen, "models"):
         if run["export"]:
             raise CheckFailure(NO_EXPORT.format(what=run["export"][0]))
         if "raised" in run:

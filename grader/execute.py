@@ -290,9 +290,11 @@ class GraderEngine(Engine):
             error_on_timeout={"ename": TIMEOUT_ENAME, "evalue": "time limit", "traceback": []},
             iopub_timeout=INTERRUPT_GRACE, on_cell_error=on_cell_error,
             kernel_manager_class=SandboxKernelManager,
-            # local IPC sockets (in the run's home folder, outside the kernel's working
-            # folder, which holds only what the learner writes), not TCP on localhost
-            config=Config(KernelManager={"transport": "ipc", "ip": str(home / "kernel")},
+            # local IPC sockets and the connection file (in the run's home folder, outside the
+            # kernel's working folder, which holds only what the learner writes; not in the
+            # grader's runtime folder, beside every other kernel's), not TCP on localhost
+            config=Config(KernelManager={"transport": "ipc", "ip": str(home / "kernel"),
+                                         "connection_file": str(home / "kernel.json")},
                           SandboxKernelManager={
                               "memory": limits.memory, "cpu": limits.cpu,
                               "hide": list(limits.hide), "writable": list(limits.writable),

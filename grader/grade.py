@@ -279,6 +279,16 @@ def _withhold_check_source(executed: Path, lab: Lab) -> int:
     return count
 
 
+def _needed(folder: Path, lab: Lab) -> bool:
+    """Whether a kernel of ``lab`` needs something in ``folder``: the course, the interpreter
+    or its libraries (a course or venv in the temporary folder, as in a trial clone)."""
+    import sys
+
+    needed = [lab.root, Path(sys.prefix), Path(sys.executable).resolve().parent]
+    folder = folder.resolve()
+    return any(p.resolve() == folder or folder in p.resolve().parents for p in needed)
+
+
 def _chown_tree(folder: Path, uid: int, gid: int) -> None:
     os.chown(folder, uid, gid)
     for base, dirs, files in os.walk(folder):
@@ -328,6 +338,8 @@ def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *
             for folder in (work, home):
                 _chown_tree(folder, *user)
         limits = replace(limits, writable=(run,))
+        if limits.hide and not _needed(Path(run).parent, lab):  # the other runs' folders too
+            limits = replace(limits, hide=(*limits.hide, str(Path(run).parent)))
         try:
             papermill.execute_notebook(
                 built.nb, str(executed),

@@ -39,15 +39,19 @@ import pwd
 import re
 import resource
 import shutil
+import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 #: prctl option (linux/prctl.h)
 PR_SET_CHILD_SUBREAPER = 36
-#: unshare(2) and mount(2) flags (linux/sched.h, linux/mount.h)
-CLONE_NEWNS, MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
-    0x00020000, 1, 2, 4, 32, 4096, 16384, 1 << 18)
+#: unshare(2) and mount(2) flags (linux/sched.h, linux/mount.h), prctl's PR_SET_PDEATHSIG
+CLONE_NEWNS, CLONE_NEWPID = 0x00020000, 0x20000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
+    1, 2, 4, 8, 32, 4096, 16384, 1 << 18)
+PR_SET_PDEATHSIG = 1
 #: prctl(PR_CAPBSET_DROP) and the capabilities a kernel that stays root loses
 #: (linux/capability.h): reading files by handle, immutable files, loading modules, raw I/O,
 #: chroot, ptrace (of the judge), mount and the rest of sys_admin, reboot, device nodes
@@ -210,9 +214,10 @@ class Isolation:
 
 
 def isolation(readable: list[Path]) -> Isolation:
-    """Try, once, in a child process, what this machine allows: as root, a mount namespace of
-    its own (``unshare(CLONE_NEWNS)``), then becoming :data:`KERNEL_USER` and reading each
-    path of ``readable`` (the interpreter, torch, the course) as that user."""
+    """Try, once, in a child process, what this machine allows: as root, a mount and a PID
+    namespace of its own (``unshare(CLONE_NEWNS | CLONE_NEWPID)``), then becoming
+    :data:`KERNEL_USER` and reading each path of ``readable`` (the interpreter, torch, the
+    course) as that user."""
     if os.geteuid() != 0:
         return Isolation(None, False, "kernels run as this user (the grader is not root): they "
                          "can read and write what it can; grade as root (CI, Gradescope, Slurm) "
@@ -222,7 +227,7 @@ def isolation(readable: list[Path]) -> Isolation:
     if pid == 0:  # the trial: 0 all works, 1 the user cannot read, 2 no namespace
         code = 2
         try:
-            if ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNS) == 0:
+            if ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNS | CLONE_NEWPID) == 0:
                 code = 1
                 if user is not None:
                     os.setgroups([])
@@ -236,17 +241,17 @@ def isolation(readable: list[Path]) -> Isolation:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
-    hidden = "the reference solutions, the other hand-ins and the results hidden"
+    hidden = ("no other process in sight; the reference solutions, the other hand-ins, the "
+              "results and the other runs' folders hidden")
     if code == 0:
-        return Isolation(user, True, f"kernels run as the user {KERNEL_USER} in a mount "
-                         f"namespace of their own ({hidden})")
+        return Isolation(user, True, f"kernels run as the user {KERNEL_USER} in mount and PID "
+                         f"namespaces of their own ({hidden})")
     if code == 1:
-        return Isolation(None, True, f"kernels run as root in a mount namespace of their own "
-                         f"({hidden}, which root can undo): the user {KERNEL_USER} cannot read "
-                         "the interpreter, torch or the course here; install them where every "
-                         "user can read them for the full wall (README: Isolation)")
+        return Isolation(None, True, f"kernels run as root in mount and PID namespaces of their "
+                         f"own ({hidden}; files elsewhere readable): {KERNEL_USER} cannot read "
+                         "the interpreter or the course here (README: Isolation)")
     return Isolation(None, False, "kernels run as root, with nothing hidden: this machine "
-                     "refuses a mount namespace (README: Isolation)")
+                     "refuses mount and PID namespaces (README: Isolation)")
 
 
 def _mount_points() -> list[str]:
@@ -257,30 +262,34 @@ def _mount_points() -> list[str]:
 
 
 def _wall(hide: list[str], writable: list[str]) -> None:
-    """Enter a mount namespace of our own; there, hide each path of ``hide`` (an empty
-    read-only tmpfs over a folder, /dev/null over a file), make every mount read-only but the
-    folders of ``writable`` (the kernel's own) and /proc, /sys, /dev, and drop
-    :data:`DROPPED_CAPS` from the capability bounding set, so that a kernel that stays root can
-    neither undo this nor ptrace the grader. Raises OSError when the namespace, a hiding mount
-    or making / read-only is refused."""
+    """Enter a mount namespace of our own; there, hide each path of ``hide`` (an empty tmpfs
+    over a folder, /dev/null over a file; a folder of ``writable`` inside one is put back),
+    make every mount read-only but the folders of ``writable`` (the kernel's own) and /proc,
+    /sys, /dev, and drop :data:`DROPPED_CAPS` from the capability bounding set, so that a kernel
+    that stays root can neither undo this nor ptrace the grader. Raises OSError when the
+    namespace, a hiding mount or making / read-only is refused."""
     libc = ctypes.CDLL(None, use_errno=True)
 
     def ok(result: int, what: str) -> None:
         if result != 0:
             raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
 
+    cwd = os.getcwd()
     ok(libc.unshare(CLONE_NEWNS), "unshare")
     ok(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+    kept = [os.open(w, os.O_PATH | os.O_DIRECTORY) for w in writable]  # (before any is hidden)
     for path in hide:
         p = os.fsencode(path)
         if os.path.isdir(path):
-            ok(libc.mount(b"tmpfs", p, b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, b"size=4k"),
+            ok(libc.mount(b"tmpfs", p, b"tmpfs", MS_NOSUID | MS_NODEV, b"size=64k,mode=755"),
                f"hide {path}")
         elif os.path.exists(path):
             ok(libc.mount(b"/dev/null", p, None, MS_BIND, None), f"hide {path}")
-    for path in writable:  # a mount of its own, left writable below
-        ok(libc.mount(os.fsencode(path), os.fsencode(path), None, MS_BIND | MS_REC, None),
-           f"keep {path}")
+    for path, fd in zip(writable, kept):  # a mount of its own, left writable below
+        os.makedirs(path, exist_ok=True)  # (in a hiding tmpfs, where it was covered)
+        ok(libc.mount(f"/proc/self/fd/{fd}".encode(), os.fsencode(path), None,
+                      MS_BIND | MS_REC, None), f"keep {path}")
+        os.close(fd)
     for point in _mount_points():
         if point.startswith(_KERNEL_MOUNTS) or any(
                 point == w or point.startswith(w.rstrip("/") + "/") for w in writable):
@@ -290,7 +299,50 @@ def _wall(hide: list[str], writable: list[str]) -> None:
             ok(done, "make / read-only")
     for cap in DROPPED_CAPS:
         libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
-    os.chdir(os.getcwd())  # (the working folder, looked up again: in its writable mount now)
+    os.chdir(cwd)  # (the working folder, looked up again: in its writable mount now)
+
+
+def _alone(command: list[str], user: tuple[int, int] | None) -> None:
+    """Run ``command`` in a PID namespace of its own, with a /proc of its own: it sees and can
+    signal no process outside it (the grader's, other kernels'), and everything it starts
+    dies with the namespace. PID 1 there is a bare init that reaps orphans; the kernel is this
+    process's child (PID 2 there), as ``user`` when given. This process waits for it, ends the
+    namespace, and exits as the kernel did (so the grader can say how it died). Signals reach
+    the kernel as before: the kernel manager signals the process group, which the kernel
+    shares; on SIGTERM this process dies, and the kernel with it (PR_SET_PDEATHSIG)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWPID) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWPID)")
+    init = os.fork()
+    if init == 0:  # PID 1: reap what is left to it, until the namespace ends
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # (the group's are not its)
+            signal.signal(sig, signal.SIG_IGN)
+        while True:
+            try:
+                os.wait()
+            except ChildProcessError:
+                time.sleep(1)
+    kernel = os.fork()
+    if kernel == 0:
+        try:
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # (orphans stay its descendants)
+            libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+            if user:
+                _become(*user, command)
+            os.execv(command[0], command)
+        finally:
+            os._exit(127)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the kernel gets it through the group)
+    _, status = os.waitpid(kernel, 0)
+    os.kill(init, signal.SIGKILL)  # (and with it every process left in the namespace)
+    if os.WIFSIGNALED(status):  # die as it died
+        sig = os.WTERMSIG(status)
+        if sig != signal.SIGKILL:  # (SIGKILL has no handler to reset)
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    os._exit(os.waitstatus_to_exitcode(status))
 
 
 def _become(uid: int, gid: int, command: list[str]) -> None:
@@ -323,10 +375,12 @@ def _main(argv: list[str]) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if sys.platform == "linux":  # orphans of the kernel's children (setsid, double fork) stay
         ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # its descendants
+    user = tuple(map(int, args.user.split(":"))) if args.user else None
     if args.hide:
         _wall(args.hide, args.writable)
-    if args.user:
-        _become(*map(int, args.user.split(":")), args.command)
+        _alone(args.command, user)
+    if user:
+        _become(*user, args.command)
     os.execv(args.command[0], args.command)
 
 

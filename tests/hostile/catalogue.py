@@ -553,7 +553,7 @@ FIXTURES = [
             chain(_markdown_answer,
                   stub(A, "per-sample-grads"), after(A, "per-sample-grads", _FAKE_GRADE)),
             {"engine": ("error", "is a markdown cell, so it did not run"),
-             "per-sample-grads": ("error", "displayed a verdict of its own"),
+             "per-sample-grads": ("error", "autograd.per-sample-grads is still the stub"),
              "forward-ad": ("error", "not sealed by the grader")}),
     Fixture("edited-release-and-relabelled-answers", "setup edited, narrative and check cells "
             "deleted and moved; answer cells relabelled to another or an unknown exercise", A,

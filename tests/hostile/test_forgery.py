@@ -15,7 +15,7 @@ neighbour's result and hand-in must come out untouched. The kinds are issue #29'
 5. instructor files read from the kernel (the reference answers, the hidden checks);
 6. hidden checks' source put into the reports through the learner's own output;
 7. a process that outlives the kernel and rewrites results after the grader exits;
-8. one hand-in reading, copying or rewriting another's;
+8. one hand-in reading, copying or rewriting another's, or killing its kernel;
 9. an answer that behaves otherwise when it detects grading (a lying object).
 """
 from __future__ import annotations
@@ -164,8 +164,14 @@ if os.fork() == 0:
 """
 
 NEIGHBOUR = """
-import glob, json, os
+import glob, json, os, signal
 here = {int(p) for p in os.listdir("/proc") if p.isdigit()}
+for pid in here:  # every other kernel it can see, killed
+    try:
+        if pid != os.getpid() and "ipykernel" in open(f"/proc/{pid}/cmdline").read():
+            os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
 paths = []
 for pid in here:
     try:

@@ -1,7 +1,7 @@
 """The course grader."""
 import sys
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 # jsonschema (which nbformat imports to validate notebooks) imports rfc3987_syntax when it is
 # installed (jupyterlab's dependencies install it), and that builds 39 lark grammars: 2.0 s of

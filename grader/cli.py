@@ -124,7 +124,7 @@ def cmd_grade(args, console: Console) -> int:
     from grader.batch import assigned_lab, find_submissions, grade_all, shard, write_manifest
     from grader.grade import (check_torch, hand_in_digest, kernel_isolation, new_seed,
                               resolve_device)
-    from grader.results import PINNED_TORCH, installed_torch, is_pinned_torch
+    from grader.results import PINNED_TORCH, installed_torch, is_pinned_torch, read_verified
 
     check_torch(args.allow_torch_mismatch)
     if not is_pinned_torch(installed := installed_torch()):
@@ -154,6 +154,10 @@ def cmd_grade(args, console: Console) -> int:
                   f"{min(args.jobs, len(subs))} job(s) -> {safe(str(args.out))}")
     console.print(f"[dim]isolation: {kernel_isolation().words}[/dim]", highlight=False)
     before = {sub: hand_in_digest(sub.path) for sub in subs}
+    for sub in subs:
+        if (path := args.out / f"{sub.name}.json").is_file() and read_verified(path) is None:
+            console.print(f"[yellow]{safe(path.name)} is not as the grader wrote it (its digest "
+                          "does not verify): graded again[/yellow]")
 
     def progress(o):
         console.print(f"  [{STYLE[o.status]}]{o.status:>7}[/] {o.exercise} "
@@ -283,9 +287,12 @@ def _results_to_report(args, console: Console) -> list:
     """The results in ``--out`` the reports cover, sorted by learner and lab: every result there
     (so grading one late learner into the class's folder keeps the class), except a result
     whose notebook no longer exists (a deleted or renamed hand-in: unless ``--keep-missing``),
-    which is named on the console; a shard's manifest is no result."""
+    which is named on the console, and a result the grader did not write as it is (its
+    digest does not verify: :func:`grader.results.read_verified`), also named; a shard's
+    manifest is no result."""
     from grader.batch import SHARD_MANIFEST
     from grader.exports import load_graded
+    from grader.results import read_verified
 
     graded = []
     for path in sorted(args.out.glob("*.json")):
@@ -296,6 +303,11 @@ def _results_to_report(args, console: Console) -> list:
         except (OSError, ValueError, KeyError, TypeError):
             console.print(f"[yellow]not a result, left out of the reports:[/yellow] "
                           f"{safe(str(path))}")
+            continue
+        if read_verified(path) is None:
+            console.print(f"[yellow]not written by the grader as it is (its digest does not "
+                          f"verify), left out of the reports:[/yellow] {safe(path.name)} "
+                          "(grade its notebook again)")
             continue
         if not args.keep_missing and not Path(g.result.notebook).exists():
             console.print(f"[yellow]submission gone, its result left out of the reports:"

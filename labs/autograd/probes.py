@@ -1437,3 +1437,377 @@ def derivative_runs(generate_backward, requests: list) -> list:
         if "raised" in got:
             break
     return out
+
+
+# --------------------------------------------------------------------------- forward-ad
+def _fad_matrix(g, rows: int, cols: int, dtype):
+    import torch
+
+    return torch.randn(rows, cols, generator=g, dtype=dtype) / rows ** 0.5
+
+
+def fad_random_body(g, shape, dtype):
+    """A seeded chain of ops on one tensor of ``shape``, with at least one logsumexp: the body
+    ``(lse, x) -> tensor`` of a program."""
+    import torch
+
+    steps, dims = [], list(shape)
+    n = ri(g, 2, 4)
+    lse_at = ri(g, 0, n - 1) if dims else -1
+    unary = [torch.sin, torch.tanh, torch.sigmoid, lambda t: t.sin().exp(), lambda t: t * t]
+    # (no Python-scalar arithmetic: under jacfwd its decomposition imports torch._dynamo)
+    for k in range(n):
+        if k == lse_at or (dims and k == n - 1 and lse_at < 0):
+            d = ri(g, -len(dims), len(dims) - 1)
+            steps.append(("lse", d))
+            dims.pop(d)
+            lse_at = -2
+        elif dims and torch.rand((), generator=g) < 0.4:
+            cols = ri(g, 1, 4)
+            steps.append(("mm", _fad_matrix(g, dims[-1], cols, dtype)))
+            dims[-1] = cols
+        else:
+            steps.append(("op", unary[ri(g, 0, len(unary) - 1)]))
+
+    def body(lse, x):
+        for kind, arg in steps:
+            x = lse(x, arg) if kind == "lse" else x @ arg if kind == "mm" else arg(x)
+        return x
+
+    return body
+
+
+def _fad_shape(g, low: int = 1, high: int = 4) -> tuple:
+    return (ri(g, low, high), ri(g, low, high))
+
+
+def _fad_lse(g, x, dim: int, where: str) -> dict:
+    import torch
+
+    u = torch.randn(x.shape, generator=g, dtype=x.dtype) * (
+        0.1 + 5 * torch.rand((), generator=g, dtype=x.dtype))
+    return {"kind": "lse", "where": where, "x": x, "dim": dim, "u": u}
+
+
+def _fad_backward(g, x, dim: int, where: str) -> dict:
+    import torch
+
+    u = torch.randn(x.shape, generator=g, dtype=x.dtype)
+    w = torch.randn(torch.logsumexp(x, dim).shape, generator=g, dtype=x.dtype)
+    return {"kind": "backward", "where": where, "x": x, "dim": dim, "u": u, "w": w}
+
+
+def _fad_jvp(g, body, primals: tuple, where: str) -> dict:
+    import torch
+
+    tangents = tuple(torch.randn(p.shape, generator=g, dtype=p.dtype) * 3 for p in primals)
+    return {"kind": "jvp", "where": where, "body": body, "primals": primals,
+            "tangents": tangents}
+
+
+def forward_ad_cases(name: str, seed: int) -> list:
+    """The cases check ``name`` of ``autograd.forward-ad`` runs, in order: dicts with ``"kind"``
+    ("lse": ``x``, ``dim``, tangent ``u``; "backward": ``x``, ``dim``, ``u``, cotangent ``w``;
+    "jvp": ``body``, ``primals``, ``tangents``; "jacobian": ``body``, ``x``) and ``"where"``.
+    A body is ``(lse, *tensors) -> tensor or tuple``: the program with ``lse`` for logsumexp."""
+    import torch
+
+    f64 = torch.float64
+    cases = []
+    if name == "logsumexp_values_and_jvp":
+        g = generator(seed, 80)
+        x = torch.randn(3, 4, generator=g, dtype=f64)
+        for dim in (0, 1, -1):
+            cases.append(_fad_lse(g, x, dim, "x of shape (3, 4)"))
+        huge = torch.randn(2, 5, generator=g, dtype=f64) * 1e4
+        cases.append(_fad_lse(g, huge, 1, "inputs of magnitude ~1e4"))
+    elif name == "logsumexp_jvp_agrees_with_backward":
+        g = generator(seed, 81)
+        for dim in (1, 0):
+            x = torch.randn(4, 3, generator=g, dtype=f64) * 3
+            cases.append(_fad_backward(g, x, dim, "x of shape (4, 3)"))
+    elif name == "jvp_matches_torch_func_jvp":
+        g = generator(seed, 82)
+        w = _fad_matrix(g, 4, 2, f64)
+
+        def one(lse, a):
+            return lse(a.sin() @ w, 0)
+
+        def two(lse, a, b):
+            return (a * b.tanh(), lse(a @ w + b[:, :2], 1), torch.ones(3, dtype=a.dtype))
+
+        a = torch.randn(3, 4, generator=g, dtype=f64)
+        b = torch.randn(3, 4, generator=g, dtype=f64)
+        cases.append(_fad_jvp(g, one, (a,), "fn(a) = logsumexp(a.sin() @ W, 0)"))
+        cases.append(_fad_jvp(g, two, (a, b), "fn(a, b) = (a * b.tanh(), "
+                              "logsumexp(a @ W + b[:, :2], 1), ones(3))"))
+    elif name == "jacobian_matches_jacfwd":
+        g = generator(seed, 83)
+        w = _fad_matrix(g, 3, 5, f64)
+
+        def body(lse, x):
+            return lse(x.tanh() @ w, 0)  # (2, 3) -> (5,)
+
+        x = torch.randn(2, 3, generator=g, dtype=f64)
+        cases.append({"kind": "jacobian", "body": body, "x": x,
+                      "where": "fn(x) = logsumexp(x.tanh() @ W, 0), x (2, 3)"})
+    elif name == "random_programs":
+        g = generator(seed, 84)
+        for dtype in (f64, f64, torch.float32):
+            shape = _fad_shape(g)
+            body = fad_random_body(g, shape, dtype)
+            x = torch.randn(shape, generator=g, dtype=dtype)
+            where = f"a random program on x of shape {shape}, {dtype}"
+            cases.append(_fad_jvp(g, body, (x,), where))
+            cases.append({"kind": "jacobian", "body": body, "x": x, "where": where})
+    elif name == "zero_dim_and_several_inputs":
+        g = generator(seed, 85)
+        k = ri(g, 2, 4)
+
+        def scalar_to_vector(lse, s):  # (no 0-d * tensor: under torch.func it imports dynamo)
+            return torch.stack([s.sin(), s.cos(), s.tanh()]).exp()
+
+        def vector_to_scalar(lse, x):
+            return lse(x * x, 0).sigmoid()
+
+        def three(lse, a, b, c):
+            return (lse(torch.stack([a, b * c]), 0), c, torch.zeros(2, dtype=a.dtype), a.tanh())
+
+        s = torch.randn((), generator=g, dtype=f64)
+        x = torch.randn(k, generator=g, dtype=f64)
+        cases.append({"kind": "jacobian", "body": scalar_to_vector, "x": s,
+                      "where": "a 0-d x, fn(x) of shape (3,)"})
+        cases.append({"kind": "jacobian", "body": vector_to_scalar, "x": x,
+                      "where": f"x of shape ({k},), a 0-d fn(x)"})
+        cases.append(_fad_jvp(g, vector_to_scalar, (x,), f"x of shape ({k},), a 0-d fn(x)"))
+        abc = tuple(torch.randn(k, generator=g, dtype=f64) for _ in range(3))
+        cases.append(_fad_jvp(g, three, abc, "fn(a, b, c) = (logsumexp(stack([a, b * c]), 0), "
+                              "c, zeros(2), a.tanh())"))
+    elif name == "logsumexp_random_shapes":
+        g = generator(seed, 86)
+        for dtype, scale in ((f64, 1.0), (f64, 300.0), (torch.float32, 30.0)):
+            shape = (*_fad_shape(g), ri(g, 1, 3))
+            dim = ri(g, -3, 2)
+            x = torch.randn(shape, generator=g, dtype=dtype) * scale
+            where = f"x of shape {shape}, {dtype}, magnitudes ~{scale:g}"
+            cases.append(_fad_lse(g, x, dim, where))
+            if dtype == f64:
+                cases.append(_fad_backward(g, x, dim, where))
+    else:
+        raise ValueError(f"no forward-ad check {name!r}")
+    return cases
+
+
+class _Refused(Exception):
+    """Raised by :class:`_Watch` into the answer at a refused call, before its body runs."""
+
+
+class _Misuse(Exception):
+    """Raised by :class:`_Program` into the answer when it calls ``fn`` with what it must not."""
+
+
+_HERE = (lambda: 0).__code__.co_filename
+
+
+def _oracles() -> dict:
+    """torch's own derivatives an answer must not call: ``{code: name}``."""
+    import inspect
+
+    import torch
+    import torch.autograd.functional as functional
+    from torch._functorch import eager_transforms as tr
+
+    return {inspect.unwrap(f).__code__: name for f, name in (
+        (tr._jvp_with_argnums, "torch.func.jvp (or jacfwd)"),
+        (tr._vjp_with_argnums, "torch.func.vjp (or jacrev)"),
+        (tr.grad_and_value_impl, "torch.func.grad"),
+        (tr.linearize, "torch.func.linearize"),
+        (torch.autograd.grad, "torch.autograd.grad"),
+        (torch.autograd.backward, "torch.autograd.backward (Tensor.backward)"),
+        (functional.jacobian, "torch.autograd.functional.jacobian"),
+        (functional.hessian, "torch.autograd.functional.hessian"),
+        (functional.jvp, "torch.autograd.functional.jvp"),
+        (functional.vjp, "torch.autograd.functional.vjp"),
+        (functional.hvp, "torch.autograd.functional.hvp"),
+        (functional.vhp, "torch.autograd.functional.vhp"),
+    )}
+
+
+class _Watch:
+    """A profile hook (``sys.setprofile``) that sees each call of one of torch's derivatives
+    made from the answer's code (the innermost frame outside the installed libraries is not this
+    module's), and each ``make_dual`` made under one of ``LogSumExp``'s own methods: it records
+    ``[name, the caller's qualname]`` in ``used`` and raises :class:`_Refused` into the call."""
+
+    def __init__(self, function_cls):
+        import inspect
+
+        import torch
+        import torch.autograd.forward_ad as fwAD
+
+        own = [k for k in function_cls.__mro__ if k not in torch.autograd.Function.__mro__]
+        self.function_codes = {
+            inspect.unwrap(v.__func__ if isinstance(v, staticmethod) else v).__code__
+            for k in own for v in vars(k).values()
+            if inspect.isfunction(v) or isinstance(v, staticmethod)}
+        self.oracles, self.make_dual, self.used = _oracles(), fwAD.make_dual.__code__, []
+
+    def __call__(self, frame, event, arg):
+        if event != "call":
+            return
+        code = frame.f_code
+        name = self.oracles.get(code)
+        if name is None and code is not self.make_dual:
+            return
+        f = frame.f_back
+        while f is not None and f.f_code.co_filename != _HERE:
+            if name is None and f.f_code in self.function_codes:
+                self.used.append(["fwAD.make_dual", f.f_code.co_qualname])
+                raise _Refused
+            if name is not None and "/lib/python" not in f.f_code.co_filename:
+                self.used.append([name, f.f_code.co_qualname])
+                raise _Refused
+            f = f.f_back
+
+
+class _Program:
+    """``fn(*tensors)`` for the answer: ``body(lse, *tensors)`` with the answer's LogSumExp,
+    after looking at every argument; the first misuse is kept in ``misuse`` (``[what, type
+    name]``: "not a tensor", "wrapped" by a torch.func transform, "requires grad", "no tangent"
+    at the current forward level) and raised into the answer. ``calls`` counts the calls."""
+
+    def __init__(self, body, L):
+        self.body, self.calls, self.misuse = body, 0, None
+        self.lse = lambda t, dim: L.apply(t, dim)
+
+    def __call__(self, *args):
+        import torch
+        import torch.autograd.forward_ad as fwAD
+
+        self.calls += 1
+        for a in args:
+            if not isinstance(a, torch.Tensor):
+                why = "not a tensor"
+            elif torch._C._functorch.is_functorch_wrapped_tensor(a):
+                why = "wrapped"
+            elif a.requires_grad:
+                why = "requires grad"
+            elif fwAD.unpack_dual(a).tangent is None:
+                why = "no tangent"
+            else:
+                continue
+            if self.misuse is None:
+                self.misuse = [why, type(a).__name__]
+            raise _Misuse(why)
+        return self.body(self.lse, *args)
+
+
+def _fad_dual(L, x, u, dim: int) -> dict:
+    """``LogSumExp.apply`` on a dual tensor of ``x`` and ``u``: ``{"value", "tangent"}``
+    (:func:`shown`)."""
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level():
+        out = L.apply(fwAD.make_dual(x, u), dim)
+        value, tangent = fwAD.unpack_dual(out)
+    return {"value": shown(value), "tangent": shown(tangent)}
+
+
+def _fad_case(L, ForwardAD, case: dict, got: dict) -> None:
+    """Run ``case`` (:func:`forward_ad_cases`), filling ``got`` as far as it gets."""
+    import torch
+    from torch.autograd.function import BackwardCFunction
+
+    kind = case["kind"]
+    if kind == "lse":
+        got.update(_fad_dual(L, case["x"], case["u"], case["dim"]))
+        dim = case["dim"]
+        _, theirs = torch.func.jvp(lambda t: L.apply(t, dim), (case["x"],), (case["u"],))
+        got["func_jvp"] = shown(theirs)
+    elif kind == "backward":
+        got["ju"] = _fad_dual(L, case["x"], case["u"], case["dim"])["tangent"]
+        leaf = case["x"].detach().requires_grad_()
+        out = L.apply(leaf, case["dim"])
+        node = getattr(out, "grad_fn", None)
+        got["grad_fn"] = type(node).__name__
+        got["own_node"] = (isinstance(node, BackwardCFunction)
+                           and getattr(node, "_forward_cls", None) is L)
+        if got["own_node"]:
+            (jtw,) = torch.autograd.grad(out, leaf, case["w"])
+            got["jtw"] = shown(jtw)
+    else:
+        fn = _Program(case["body"], L)
+        try:
+            if kind == "jvp":
+                got["got"] = shown(ForwardAD.jvp(fn, case["primals"], case["tangents"]))
+            else:
+                got["got"] = shown(ForwardAD.jacobian(fn, case["x"]))
+        finally:
+            got["calls"], got["misuse"] = fn.calls, fn.misuse
+
+
+def _fad_parts(ForwardAD) -> dict:
+    """What the structure of ``ForwardAD`` is, as the judge needs it."""
+    import inspect
+
+    import torch
+
+    parts = {"class": isinstance(ForwardAD, type), "type": type(ForwardAD).__name__}
+    if not parts["class"]:
+        return parts
+    parts["missing"] = [n for n in ("LogSumExp", "jvp", "jacobian") if not hasattr(ForwardAD, n)]
+    if parts["missing"]:
+        return parts
+    L, F = ForwardAD.LogSumExp, torch.autograd.Function
+    parts["lse_type"] = type(L).__name__
+    parts["function"] = isinstance(L, type) and issubclass(L, F)
+    if parts["function"]:
+        parts["apply"] = inspect.getattr_static(L, "apply") is inspect.getattr_static(F, "apply")
+        parts["jvp"] = L.jvp is not F.jvp
+        parts["setup_context"] = L.setup_context is not F.setup_context
+        parts["backward"] = not (L.backward is F.backward and L.vjp is F.vjp)
+    return parts
+
+
+@probe
+def forward_ad_runs(ForwardAD, name: str, seed: int) -> dict:
+    """Each case of :func:`forward_ad_cases` ``(name, seed)`` run with the answer, in order, up to
+    the first that does not finish, while :class:`_Watch` looks on. Returns ``{"parts": the
+    structure of ForwardAD (:func:`_fad_parts`), "refused": [torch's derivative, the answer's
+    function that called it] or None, "cases": one dict per case}`` (no cases unless every part
+    is in place). A case's dict holds, as far as it got (all tensors :func:`shown`):
+
+    - "lse": ``"value"`` and ``"tangent"`` of ``LogSumExp.apply`` on the dual tensor of ``x`` and
+      ``u``, and ``"func_jvp"``: the tangent ``torch.func.jvp`` gives through it;
+    - "backward": ``"ju"``: that tangent, ``"grad_fn"`` (its type's name) and ``"own_node"``
+      of ``apply`` on a leaf, and when that is LogSumExp's node ``"jtw"``: the gradient with
+      ``w``;
+    - "jvp" / "jacobian": ``"got"``: what ``ForwardAD.jvp(fn, primals, tangents)`` or
+      ``ForwardAD.jacobian(fn, x)`` returned, ``"calls"`` of ``fn`` and ``"misuse"``
+      (:class:`_Program`);
+
+    and ``"raised"`` (a record) when the answer raised."""
+    import sys
+
+    parts = _fad_parts(ForwardAD)
+    reply = {"parts": parts, "refused": None, "cases": []}
+    if not all(parts.get(k) for k in ("class", "function", "apply", "jvp", "setup_context",
+                                      "backward")):
+        return reply
+    L = ForwardAD.LogSumExp
+    watch, before = _Watch(L), sys.getprofile()
+    sys.setprofile(watch)
+    try:
+        for case in forward_ad_cases(name, seed):
+            got: dict = {}
+            try:
+                _fad_case(L, ForwardAD, case, got)
+            except Exception as exc:
+                got["raised"] = raised(exc)
+            reply["cases"].append(got)
+            if watch.used or "raised" in got:
+                break
+    finally:
+        sys.setprofile(before)
+        reply["refused"] = watch.used[0] if watch.used else None
+    return reply

@@ -305,7 +305,7 @@ def test_nothing_outlives_the_batch_to_rewrite_results(batch):
     assert {p.name: p.read_bytes() for p in out.glob("*.json")} == written
 
 
-def test_a_result_rewritten_after_the_batch_is_graded_again_not_reused(batch):
+def test_a_result_rewritten_after_the_batch_is_graded_again_not_reused(batch, capsys):
     subs, out = batch[0], batch[1]
     path = out / "k7-outliving-process-03_allocator.json"
     data = json.loads(path.read_text())
@@ -313,8 +313,11 @@ def test_a_result_rewritten_after_the_batch_is_graded_again_not_reused(batch):
         e["status"], e["points"] = "passed", e["max_points"]
     path.write_text(json.dumps(data))
     assert read_verified(path) is None
+    capsys.readouterr()
     code = main(["grade", str(subs), "--out", str(out), "--seed", str(SEED), "--jobs", "2"])
     assert code == 0  # (the others are reused: their digests verify)
+    said = capsys.readouterr().out
+    assert "k7-outliving-process-03_allocator.json is not as the grader wrote it" in said
     again = _exercises(out, "k7-outliving-process")
     assert again[ATTACKED]["status"] in ("failed", "error") and again[ATTACKED]["points"] == 0
     assert read_verified(path) is not None

@@ -279,6 +279,22 @@ def _withhold_check_source(executed: Path, lab: Lab) -> int:
     return count
 
 
+def _load_judges(lab: Lab) -> None:
+    """Import ``lab``'s checks (and so torch and what they judge with) in a thread of their
+    own, while its kernel starts and runs its first cells, instead of when the first exercise
+    is judged (2 to 4 s of a lab's grading); nothing when every exercise is still judged in the
+    kernel, or they are imported already."""
+    import importlib
+    import sys
+    import threading
+
+    name = f"labs.{lab.id}.checks"
+    if name in sys.modules or all(e.judged_in_kernel for e in lab.exercises):
+        return
+    threading.Thread(target=importlib.import_module, args=(name,), daemon=True,
+                     name="load-judges").start()
+
+
 def _needed(folder: Path, lab: Lab) -> bool:
     """Whether a kernel of ``lab`` needs something in ``folder``: the course, the interpreter
     or its libraries (a course or venv in the temporary folder, as in a trial clone)."""
@@ -340,6 +356,7 @@ def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *
         limits = replace(limits, writable=(run,))
         if limits.hide and not _needed(Path(run).parent, lab):  # the other runs' folders too
             limits = replace(limits, hide=(*limits.hide, str(Path(run).parent)))
+        _load_judges(lab)
         try:
             papermill.execute_notebook(
                 built.nb, str(executed),

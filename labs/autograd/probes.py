@@ -1725,7 +1725,8 @@ def _fad_case(L, ForwardAD, case: dict, got: dict) -> None:
         _, theirs = torch.func.jvp(lambda t: L.apply(t, dim), (case["x"],), (case["u"],))
         got["func_jvp"] = shown(theirs)
     elif kind == "backward":
-        got["ju"] = _fad_dual(L, case["x"], case["u"], case["dim"])["tangent"]
+        dual = _fad_dual(L, case["x"], case["u"], case["dim"])
+        got["value"], got["ju"] = dual["value"], dual["tangent"]
         leaf = case["x"].detach().requires_grad_()
         out = L.apply(leaf, case["dim"])
         node = getattr(out, "grad_fn", None)
@@ -1779,9 +1780,9 @@ def forward_ad_runs(ForwardAD, name: str, seed: int) -> dict:
 
     - "lse": ``"value"`` and ``"tangent"`` of ``LogSumExp.apply`` on the dual tensor of ``x`` and
       ``u``, and ``"func_jvp"``: the tangent ``torch.func.jvp`` gives through it;
-    - "backward": ``"ju"``: that tangent, ``"grad_fn"`` (its type's name) and ``"own_node"``
-      of ``apply`` on a leaf, and when that is LogSumExp's node ``"jtw"``: the gradient with
-      ``w``;
+    - "backward": ``"value"`` and ``"ju"``: that value and tangent, ``"grad_fn"`` (its type's
+      name) and ``"own_node"`` of ``apply`` on a leaf, and when that is LogSumExp's node
+      ``"jtw"``: the gradient with ``w``;
     - "jvp" / "jacobian": ``"got"``: what ``ForwardAD.jvp(fn, primals, tangents)`` or
       ``ForwardAD.jacobian(fn, x)`` returned, ``"calls"`` of ``fn`` and ``"misuse"``
       (:class:`_Program`);
@@ -1811,3 +1812,430 @@ def forward_ad_runs(ForwardAD, name: str, seed: int) -> dict:
         sys.setprofile(before)
         reply["refused"] = watch.used[0] if watch.used else None
     return reply
+
+
+# --------------------------------------------------------------------------- hooks
+#: the "own .grad" of an event of a Node hook (it has no tensor of its own)
+HOOK_NA = "n/a"
+
+
+def _hook_snap(value):
+    """A gradient a hook was passed (or a ``.grad``), as plain data: None, a detached copy of a
+    plain tensor, or :func:`shown` of anything else (the judge says what is wrong with it)."""
+    import torch
+
+    if type(value) in (torch.Tensor, torch.nn.Parameter):
+        return value.detach().clone()
+    return shown(value)
+
+
+def _hook_snap_tuple(value):
+    if type(value) is tuple:
+        return tuple(_hook_snap(v) for v in value)
+    return shown(value)
+
+
+def _hook_grad(t):
+    """``t.grad`` now (:func:`_hook_snap`), read without the non-leaf warning."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        g = t.grad
+    return _hook_snap(g)
+
+
+def _hook_times(grads, scale):
+    """A hook's return value: each gradient times ``scale`` (None stays None), or None."""
+    if scale is None or type(grads) is not tuple or not grads:
+        return None
+    return tuple(None if g is None else g * scale for g in grads)
+
+
+class HookCase:
+    """One graph with names for its tensors and the hooks to register on it, each recording its
+    calls in ``events`` as ``[hook index, arguments (tuple), own .grad or HOOK_NA]`` (arguments
+    and ``.grad`` by :func:`_hook_snap`; a post-accumulate-grad hook called with another object
+    than its leaf records ``["other", its type's name]`` as its arguments)."""
+
+    def __init__(self):
+        self.tensors: dict = {}      # name -> tensor (leaves, intermediates, the output)
+        self.hooks: list = []        # (kind, target, fn), in registration order
+        self.about: list = []        # hook i in words
+        self.node_of: list = []      # hook i: the name of the node it sits on
+        self.node_names: dict = {}   # node -> its name
+        self.events: list = []
+        self.output = self.grad_output = self.inputs = None
+
+    # building
+    def leaf(self, name, g, shape, grad=False):
+        """A float64 leaf from ``g``; ``grad``: give it an existing ``.grad`` too."""
+        import torch
+
+        t = torch.randn(shape, generator=g, dtype=torch.float64).requires_grad_()
+        if grad:
+            t.grad = torch.randn(shape, generator=g, dtype=torch.float64)
+        return self.add(name, t)
+
+    def add(self, name, t):
+        self.tensors[name] = t
+        return t
+
+    def name_of(self, t) -> str:
+        return next(n for n, u in self.tensors.items() if u is t)
+
+    def node(self, name):
+        """(node, its name, how to reach it from ``name``): the node ``name``'s gradient goes
+        to (its grad_fn, or the leaf's AccumulateGrad)."""
+        import torch
+
+        t = self.tensors[name]
+        node = torch.autograd.graph.get_gradient_edge(t).node
+        path = f"{name}'s AccumulateGrad" if t.grad_fn is None else f"{name}.grad_fn"
+        if node not in self.node_names:
+            self.node_names[node] = (path if t.grad_fn is None
+                                     else f"{path} ({node.name()})")
+        return node, self.node_names[node], path
+
+    def _hook(self, kind, target, fn, about, node_name):
+        self.hooks.append((kind, target, fn))
+        self.about.append(f"hook #{len(self.hooks) - 1} ({about})")
+        self.node_of.append(node_name)
+
+    def _scaled(self, scale) -> str:
+        return "" if scale is None else f", which returns its argument * {scale}"
+
+    def tensor_hook(self, name, scale=None):
+        """``t.register_hook(fn)``; fn returns ``grad * scale`` unless ``scale`` is None."""
+        import torch
+
+        t, i = self.tensors[name], len(self.hooks)
+
+        def fn(grad):
+            self.events.append([i, (_hook_snap(grad),), _hook_grad(t)])
+            if scale is None or not isinstance(grad, torch.Tensor):
+                return None
+            return grad * scale
+        self._hook("tensor", t, fn, f"{name}.register_hook(fn){self._scaled(scale)}",
+                   self.node(name)[1])
+
+    def retain(self, name):
+        """``t.retain_grad()`` (no calls to record: its effect is ``t.grad``)."""
+        self._hook("retain_grad", self.tensors[name], None, f"{name}.retain_grad()",
+                   self.node(name)[1])
+
+    def pre(self, name, scale=None):
+        """``node.register_prehook(fn)`` on the node of ``name``."""
+        node, where, path = self.node(name)
+        i = len(self.hooks)
+
+        def fn(grad_outputs):
+            self.events.append([i, (_hook_snap_tuple(grad_outputs),), HOOK_NA])
+            return _hook_times(grad_outputs, scale)
+        self._hook("pre", node, fn, f"{path}.register_prehook(fn){self._scaled(scale)}", where)
+
+    def post(self, name, scale=None):
+        """``node.register_hook(fn)`` on the node of ``name``."""
+        node, where, path = self.node(name)
+        i = len(self.hooks)
+
+        def fn(grad_inputs, grad_outputs):
+            self.events.append([i, (_hook_snap_tuple(grad_inputs),
+                                    _hook_snap_tuple(grad_outputs)), HOOK_NA])
+            return _hook_times(grad_inputs, scale)
+        self._hook("post", node, fn, f"{path}.register_hook(fn){self._scaled(scale)}", where)
+
+    def post_acc(self, name):
+        """``leaf.register_post_accumulate_grad_hook(fn)``."""
+        t, i = self.tensors[name], len(self.hooks)
+
+        def fn(tensor):
+            if tensor is not t:
+                self.events.append([i, ["other", type(tensor).__name__], HOOK_NA])
+                return
+            self.events.append([i, (), _hook_grad(t)])
+        self._hook("post_accumulate_grad", t, fn,
+                   f"{name}.register_post_accumulate_grad_hook(fn)", self.node(name)[1])
+
+    # running
+    def register(self) -> None:
+        """Register every hook for real, in order."""
+        for kind, target, fn in self.hooks:
+            if kind == "tensor":
+                target.register_hook(fn)
+            elif kind == "retain_grad":
+                target.retain_grad()
+            elif kind == "pre":
+                target.register_prehook(fn)
+            elif kind == "post":
+                target.register_hook(fn)
+            else:
+                target.register_post_accumulate_grad_hook(fn)
+
+    def nodes(self) -> list:
+        """Every node reachable from the output's grad_fn."""
+        root = self.output.grad_fn
+        seen, stack = {root}, [root]
+        while stack:
+            for nxt, _ in stack.pop().next_functions:
+                if nxt is not None and nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+        return list(seen)
+
+
+def _hooks_one_node(c: HookCase, g) -> None:
+    """Hooks of every kind on h = x * w and on x, registered in a mixed-up order."""
+    import torch
+
+    x = c.leaf("x", g, (3,), grad=True)
+    w = c.leaf("w", g, (3,))
+    h = c.add("h", x * w)
+    c.output = c.add("out", (h.sin() * h).sum())
+    c.grad_output = torch.randn((), generator=g, dtype=torch.float64)
+    c.retain("h")
+    c.tensor_hook("h", 2.0)
+    c.pre("h")
+    c.post("h", -1.5)
+    c.tensor_hook("h")
+    c.post_acc("x")
+    c.tensor_hook("x", 0.5)
+    c.pre("x")
+    c.post("x")
+
+
+def _hooks_branches(c: HookCase, g) -> None:
+    """Two interleaved branches into a three-way split whose last output is unused."""
+    import torch
+
+    x = c.leaf("x", g, (2,))
+    w = c.leaf("w", g, (2,))
+    a = c.add("a", x.sin())
+    b = c.add("b", w.tanh())
+    a2 = c.add("a2", a * x)
+    b2 = c.add("b2", b * w)
+    p, q, r = torch.cat([a2, b2, a2]).split(2)
+    for name, t in (("p", p), ("q", q), ("r", r)):
+        c.add(name, t)
+    c.output = c.add("out", p * q.exp())
+    c.grad_output = torch.randn(2, generator=g, dtype=torch.float64)
+    c.tensor_hook("q")
+    c.tensor_hook("r", 3.0)
+    c.tensor_hook("p", -1.0)
+    c.tensor_hook("q", 2.0)
+    c.retain("p")
+    c.pre("a", 0.5)
+    c.pre("b")
+    c.post("a2")
+    c.post("b2", 2.0)
+    c.tensor_hook("x")
+    c.post_acc("w")
+    c.tensor_hook("w", -2.0)
+
+
+def _hooks_pruned(c: HookCase, g) -> None:
+    """inputs=[k, w] on (k.tanh() + b).sum() with k = x.sin() * b, b = w.exp()."""
+    import torch
+
+    x = c.leaf("x", g, (3,), grad=True)
+    w = c.leaf("w", g, (3,))
+    v = c.leaf("v", g, (3,), grad=True)
+    a = c.add("a", x.sin())
+    b = c.add("b", w.exp())
+    k = c.add("k", a * b)
+    c.add("m", v * 2)                                  # not used by the output
+    c.output = c.add("out", (k.tanh() + b).sum())
+    c.grad_output = torch.randn((), generator=g, dtype=torch.float64)
+    c.inputs = [k, w]
+    c.tensor_hook("a", 2.0)
+    c.pre("a")
+    c.tensor_hook("k")
+    c.pre("k", 2.0)
+    c.post("k")
+    c.tensor_hook("b")
+    c.post_acc("x")
+    c.tensor_hook("x")
+    c.post_acc("w")
+    c.tensor_hook("m")
+    c.post_acc("v")
+
+
+def _hooks_random(n_ops: int, with_inputs: bool):
+    def build(c: HookCase, g) -> None:
+        import torch
+
+        n = ri(g, 1, 4)
+        leaves = [c.leaf(f"x{i}", g, (n,), grad=ri(g, 0, 2) == 0) for i in range(ri(g, 2, 4))]
+        const = torch.randn(n, generator=g, dtype=torch.float64)
+        pool = list(leaves)
+
+        def pick():
+            if ri(g, 0, 2) == 0:
+                return pool[ri(g, 0, len(pool) - 1)]
+            return pool[max(0, len(pool) - 1 - ri(g, 0, 3))]
+
+        pairs = []                                     # the two outputs of each split
+        for _ in range(n_ops):
+            kind, a, b = ri(g, 0, 6), pick(), pick()
+            if kind == 0:
+                new = [a * b]
+            elif kind == 1:
+                new = [a + b]
+            elif kind == 2:
+                new = [a.tanh()]
+            elif kind == 3:
+                new = [a.sin() * a]
+            elif kind == 4:
+                new = [a * const]                      # a None edge
+            elif kind == 5:
+                new = list(a.repeat(2).split(n))       # one node, two outputs
+            else:
+                new = [a * a]                          # two equal edges
+            for t in new:
+                pool.append(c.add(f"t{len(c.tensors) - len(leaves)}", t))
+            if len(new) == 2:
+                pairs.append(list(c.tensors)[-2:])
+        c.output = c.add("out", pool[-1].sum() if ri(g, 0, 1) else pool[-1])
+        c.grad_output = torch.randn(c.output.shape, generator=g, dtype=torch.float64)
+
+        # hooks, a third of them on a few tensors (several on one node, both outputs of a split)
+        names = list(c.tensors)
+        inner = [k for k in names if c.tensors[k].grad_fn is not None]
+        focus = pairs[ri(g, 0, len(pairs) - 1)] if pairs else []
+        focus += [names[ri(g, 0, len(names) - 1)] for _ in range(3 - len(focus))]
+        for _ in range(ri(g, 8, 20)):
+            kind = ri(g, 0, 5)
+            name = focus[ri(g, 0, 2)] if ri(g, 0, 2) == 0 else names[ri(g, 0, len(names) - 1)]
+            scale = (None, None, 2.0, -0.5)[ri(g, 0, 3)]
+            leaf = c.tensors[name].grad_fn is None
+            if kind == 1:
+                c.retain(name if not leaf else inner[ri(g, 0, len(inner) - 1)])
+            elif kind == 2:
+                c.pre(name, scale)
+            elif kind == 3:
+                c.post(name, None if leaf else scale)
+            elif kind == 4:
+                c.post_acc(f"x{ri(g, 0, len(leaves) - 1)}")
+            else:
+                c.tensor_hook(name, scale)
+        if with_inputs:
+            reach = set(c.nodes())
+            ok = [k for k in names[:-1]
+                  if torch.autograd.graph.get_gradient_edge(c.tensors[k]).node in reach]
+            chosen = [k for k in ok if ri(g, 0, 2) == 0] or ok[:1]
+            c.inputs = [c.tensors[k] for k in chosen]
+    return build
+
+
+def _hooks_root_of_split(c: HookCase, g) -> None:
+    """The root is output 1 of a split; a 0-d leaf broadcast; hooks on the root itself."""
+    import torch
+
+    x = c.leaf("x", g, (3,))
+    s = c.leaf("s", g, (), grad=True)
+    p, q = torch.cat([x * 2, s * x]).split(3)
+    c.add("p", p)
+    c.output = c.add("q", q)
+    c.grad_output = torch.randn(3, generator=g, dtype=torch.float64)
+    c.tensor_hook("q", -1.0)
+    c.retain("q")
+    c.tensor_hook("p")
+    c.pre("q")
+    c.tensor_hook("s", 3.0)
+    c.post_acc("s")
+    c.post("s")
+
+
+def _hooks_leaf_twice(c: HookCase, g) -> None:
+    """x * x and a constant factor: one AccumulateGrad firing for two edges, a None edge."""
+    import torch
+
+    x = c.leaf("x", g, (4,), grad=True)
+    k = torch.randn(4, generator=g, dtype=torch.float64)
+    h = c.add("h", x * x)
+    c.add("m", h * k)
+    c.output = c.add("out", c.tensors["m"].sum())
+    c.grad_output = torch.randn((), generator=g, dtype=torch.float64)
+    c.post("m", 2.0)
+    c.pre("m")
+    c.tensor_hook("h")
+    c.post_acc("x")
+    c.tensor_hook("x", 0.5)
+    c.pre("x")
+    c.retain("h")
+
+
+def hook_cases(name: str, seed: int) -> list:
+    """The cases check ``name`` of ``autograd.hooks`` runs, in order: ``(build, case seed,
+    where)``; ``build(HookCase(), torch.Generator().manual_seed(case seed))`` builds one."""
+    if name == "one_node":
+        return [(_hooks_one_node, seed + 20,
+                 "(h.sin() * h).sum() with h = x * w, x with an existing .grad, hooks on h, its "
+                 "MulBackward0, x and x's AccumulateGrad")]
+    if name == "across_nodes":
+        return [(_hooks_branches, seed + 21,
+                 "p * q.exp() with p, q, r = torch.cat([a2, b2, a2]).split(2) (r unused), "
+                 "a2 = x.sin() * x, b2 = w.tanh() * w")]
+    if name == "inputs_prune":
+        return [(_hooks_pruned, seed + 22,
+                 "(k.tanh() + b).sum() with k = x.sin() * b, b = w.exp(), inputs=[k, w]")]
+    if name == "random_graphs":
+        g, cases = generator(seed, 23), []
+        for i in range(10):
+            n_ops, with_inputs = ri(g, 4, 18), i % 2 == 1
+            case_seed = ri(g, 0, 2**31 - 2)
+            cases.append((_hooks_random(n_ops, with_inputs), case_seed,
+                          f"random graph #{i} (seed {seed}; {n_ops} ops"
+                          f"{', with inputs=' if with_inputs else ''})"))
+        return cases
+    if name == "edge_cases":
+        return [(_hooks_root_of_split, seed + 24,
+                 "q, the second output of torch.cat([x * 2, s * x]).split(3), with a 0-d leaf "
+                 "s"),
+                (_hooks_leaf_twice, seed + 25, "((x * x) * k).sum() with a constant k")]
+    raise ValueError(f"no hooks check {name!r}")
+
+
+def hook_case(build, case_seed: int) -> HookCase:
+    """A :class:`HookCase` built by ``build`` from ``case_seed``."""
+    import torch
+
+    c = HookCase()
+    build(c, torch.Generator().manual_seed(case_seed))
+    return c
+
+
+@probe
+def hook_runs(backward_with_hooks, name: str, seed: int) -> list:
+    """``backward_with_hooks(output, grad_output, hooks, inputs)`` on each case of
+    :func:`hook_cases` ``(name, seed)``, in order, up to the first where the answer raised.
+    Returns one dict per case: ``"used_engine"`` (whether a node of the graph ran by torch's
+    engine while the answer ran), ``"events"``: the hook calls :class:`HookCase` recorded, in
+    order, ``"grads"``: ``[name, .grad]`` of every tensor of the case after the call
+    (:func:`_hook_snap`), or ``"raised"`` (a record) instead of ``"grads"``."""
+    import warnings
+
+    out = []
+    for build, case_seed, _ in hook_cases(name, seed):
+        c = hook_case(build, case_seed)
+        used = []
+        handles = [n.register_prehook(lambda grads: used.append(True)) for n in c.nodes()]
+        got: dict = {}
+        try:
+            with warnings.catch_warnings():  # reading a non-leaf's .grad, as an answer must
+                warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor "
+                                        "that is not a leaf Tensor is being accessed")
+                backward_with_hooks(c.output, c.grad_output, list(c.hooks),
+                                    None if c.inputs is None else list(c.inputs))
+        except Exception as exc:
+            got["raised"] = raised(exc)
+        finally:
+            for h in handles:
+                h.remove()
+        got["used_engine"], got["events"] = bool(used), c.events
+        if "raised" not in got:
+            got["grads"] = [[k, _hook_grad(t)] for k, t in c.tensors.items()]
+        out.append(got)
+        if "raised" in got:
+            break
+    return out

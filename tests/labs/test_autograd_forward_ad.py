@@ -173,6 +173,19 @@ def _jvp_by_torch_forward_ad(ctx, x_t, dim_t):
         return fwAD.unpack_dual(torch.logsumexp(dual, ctx.dim)).tangent
 
 
+def _jvp_trying_torch_func(ctx, x_t, dim_t):
+    """Tries torch.func.jvp, and falls back to the right formula when it is refused."""
+    try:
+        return _jvp_by_torch_func(ctx, x_t, dim_t)
+    except Exception:
+        return RightLSE.jvp(ctx, x_t, dim_t)
+
+
+def _fn_called_on_lists(fn, primals, tangents):
+    fn(*(p.tolist() for p in primals))
+    return Right.jvp(fn, primals, tangents)
+
+
 def _backward_by_autograd_grad(ctx, grad_out):
     x, _ = ctx.saved_tensors
     with torch.enable_grad():
@@ -265,6 +278,11 @@ WRONG = {
     "LogSumExp.jvp from torch's forward AD, make_dual inside (refused)":
         (lse_variant("TorchForwardAD", jvp=staticmethod(_jvp_by_torch_forward_ad)),
          "called fwAD.make_dual"),
+    "LogSumExp.jvp tries torch.func.jvp, catching the refusal (refused)":
+        (lse_variant("TryingJvp", jvp=staticmethod(_jvp_trying_torch_func)),
+         "called torch.func.jvp"),
+    "fn called on lists":
+        (variant("Lists", jvp=staticmethod(_fn_called_on_lists)), "called fn with a list"),
     "LogSumExp.backward from torch.autograd.grad (refused)":
         (lse_variant("OracleBackward", backward=staticmethod(_backward_by_autograd_grad)),
          "called torch.autograd.grad"),

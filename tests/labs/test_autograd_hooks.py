@@ -220,6 +220,31 @@ def test_lying_answers_are_refused_for_their_type(name):
     assert_rejected(EX, answer, phrase, seed=0)
 
 
+# ------------------------------------------------------------------ hooks called with other things
+def _calling(hook_kind, change):
+    """The flawless engine, with each hook of ``hook_kind`` called on ``change(argument)``."""
+    def backward_with_hooks(output, grad_output, hooks, inputs=None):
+        changed = [(kind, target, (lambda *a, fn=fn: fn(*map(change, a))) if kind == hook_kind
+                    else fn) for kind, target, fn in hooks]
+        _engine()(output, grad_output, changed, inputs)
+    return backward_with_hooks
+
+
+ODD_CALLS = {
+    "tensor hooks passed a list": (_calling("tensor", lambda g: g if g is None else g.tolist()),
+                                   "is a list; torch passes a tensor"),
+    "post-accumulate-grad hooks passed a copy of the leaf":
+        (_calling("post_accumulate_grad", lambda t: t.detach()), "gets the leaf tensor itself"),
+}
+
+
+@pytest.mark.parametrize("name", list(ODD_CALLS))
+def test_hooks_called_with_what_torch_never_passes_fail(name):
+    """What a hook was passed comes back from the kernel as data; the judge names the mistake."""
+    answer, phrase = ODD_CALLS[name]
+    assert_rejected(EX, answer, phrase, seed=0)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_reference_passes_on_seeds(reference, seed):
     v = run_checks(EX, reference(EX), seed=seed, hidden=True)

@@ -23,137 +23,87 @@ code (``torch.func`` jvp/vjp/jacfwd/jacrev/grad/linearize, ``torch.autograd.grad
 ``torch.autograd.functional``), and of ``make_dual`` from inside ``LogSumExp``, is seen with
 ``sys.setprofile`` and refused. (torch/autograd/forward_ad.py: make_dual, unpack_dual,
 dual_level; torch/autograd/function.py: Function.jvp, save_for_forward, setup_context.)
+
+The answer runs in the kernel (the probe :func:`labs.autograd.probes.forward_ad_runs`, which
+builds each case with :func:`labs.autograd.probes.forward_ad_cases`, watches for torch's own
+derivatives and reports what the answer returned as plain data); the oracle runs here, on the
+same cases built here.
 """
 from __future__ import annotations
 
-import contextlib
-import inspect
-import sys
-
 import torch
-import torch.autograd.forward_ad as fwAD
-import torch.autograd.functional as _functional
-from torch._functorch import eager_transforms as _transforms
 
-from grader.checks import CheckFailure, check, exact, plain_tensor
-from labs.autograd.checks._nodes import recorded_by
+from grader.checks import AnswerRaised, CheckFailure, check, paired
+from labs.autograd import probes
+from labs.autograd.checks._plain import Shown, exact_shown, rebuilt, type_name
 
 EXERCISE = "autograd.forward-ad"
 
-# ---------------------------------------------------------------- torch's own derivatives, refused
-_ORACLES = {inspect.unwrap(f).__code__: name for f, name in (
-    (_transforms._jvp_with_argnums, "torch.func.jvp (or jacfwd)"),
-    (_transforms._vjp_with_argnums, "torch.func.vjp (or jacrev)"),
-    (_transforms.grad_and_value_impl, "torch.func.grad"),
-    (_transforms.linearize, "torch.func.linearize"),
-    (torch.autograd.grad, "torch.autograd.grad"),
-    (torch.autograd.backward, "torch.autograd.backward (Tensor.backward)"),
-    (_functional.jacobian, "torch.autograd.functional.jacobian"),
-    (_functional.hessian, "torch.autograd.functional.hessian"),
-    (_functional.jvp, "torch.autograd.functional.jvp"),
-    (_functional.vjp, "torch.autograd.functional.vjp"),
-    (_functional.hvp, "torch.autograd.functional.hvp"),
-    (_functional.vhp, "torch.autograd.functional.vhp"),
-)}
-_MAKE_DUAL = fwAD.make_dual.__code__
-_HERE = __file__
-_setprofile, _getprofile = sys.setprofile, sys.getprofile  # (as they were when the lab loaded)
+
+# ---------------------------------------------------------------- what the probe reported
+def _runs(ForwardAD, name: str, seed: int) -> list:
+    """The cases of check ``name`` paired with what the probe saw of each, after the checks of
+    the answer's structure and of torch's derivatives it called."""
+    reply = ForwardAD.probe(probes.forward_ad_runs, name, seed)
+    if type(reply) is not dict or type(reply.get("parts")) is not dict \
+            or type(reply.get("cases")) is not list:
+        raise CheckFailure("what came back from your ForwardAD is not the probe's report.")
+    _parts(reply["parts"])
+    refused = reply.get("refused")
+    if refused is not None:
+        if type(refused) is not list or len(refused) != 2:
+            raise CheckFailure("what came back from your ForwardAD is not the probe's report.")
+        name_, where = refused
+        raise CheckFailure(
+            f"{where} called {name_}. The answer must compute derivatives in forward mode "
+            "itself: dual tensors (make_dual / unpack_dual inside fwAD.dual_level) for jvp "
+            "and jacobian, and your own formulas in LogSumExp.jvp and backward. torch's "
+            "ready-made derivatives (torch.func transforms, torch.autograd.grad, backward, "
+            "torch.autograd.functional) are refused while your answer runs.")
+    pairs = paired(probes.forward_ad_cases(name, seed), reply["cases"], "cases")
+    if any(type(got) is not dict for _, got in pairs):
+        raise CheckFailure("what came back from your ForwardAD is not the probe's report.")
+    return pairs
 
 
-class _Refused(Exception):
-    """Raised by the profile hook into the answer at a refused call, before its body runs."""
-
-
-class _Watch:
-    """A profile hook refusing each call of ``_ORACLES`` made from the answer's code (the innermost
-    frame outside the installed libraries is not this module's), and each ``make_dual`` made
-    under one of ``LogSumExp``'s own methods (``function_codes``): it records the call in
-    ``used`` and raises ``_Refused`` into it (which also unsets the hook, so ``used`` is what
-    counts, should the answer catch the exception)."""
-
-    def __init__(self, function_codes):
-        self.function_codes, self.used = function_codes, []
-
-    def __call__(self, frame, event, arg):
-        if event != "call":
-            return
-        code = frame.f_code
-        name = _ORACLES.get(code)
-        if name is None and code is not _MAKE_DUAL:
-            return
-        f = frame.f_back
-        while f is not None and f.f_code.co_filename != _HERE:
-            if name is None and f.f_code in self.function_codes:
-                self.used.append(("fwAD.make_dual", f.f_code.co_qualname))
-                raise _Refused
-            if name is not None and "/lib/python" not in f.f_code.co_filename:
-                self.used.append((name, f.f_code.co_qualname))
-                raise _Refused
-            f = f.f_back
-
-
-@contextlib.contextmanager
-def _refusing_oracles(function_cls):
-    """Run the body with ``_Watch`` installed; raise CheckFailure afterwards (even when the body
-    raised) when the answer called one of torch's derivatives."""
-    own = [k for k in function_cls.__mro__ if k not in torch.autograd.Function.__mro__]
-    codes = {inspect.unwrap(v.__func__ if isinstance(v, staticmethod) else v).__code__
-             for k in own for v in vars(k).values()
-             if inspect.isfunction(v) or isinstance(v, staticmethod)}
-    watch, before = _Watch(codes), _getprofile()
-    _setprofile(watch)
-    try:
-        yield
-    finally:  # (replaces what the refused call raised into the answer, if anything)
-        _setprofile(before)
-        if watch.used:
-            name, where = watch.used[0]
-            raise CheckFailure(
-                f"{where} called {name}. The answer must compute derivatives in forward mode "
-                "itself: dual tensors (make_dual / unpack_dual inside fwAD.dual_level) for jvp "
-                "and jacobian, and your own formulas in LogSumExp.jvp and backward. torch's "
-                "ready-made derivatives (torch.func transforms, torch.autograd.grad, backward, "
-                "torch.autograd.functional) are refused while your answer runs.") from None
-
-
-# ---------------------------------------------------------------- the answer's parts
-def _parts(ForwardAD):
-    """(LogSumExp, jvp, jacobian) of the answer, with the structure every check relies on."""
-    if not isinstance(ForwardAD, type):
-        raise CheckFailure(f"ForwardAD is a {type(ForwardAD).__name__}; define it as a class "
+def _parts(parts: dict) -> None:
+    """The structure every check relies on (:func:`labs.autograd.probes._fad_parts`)."""
+    if parts.get("class") is not True:
+        raise CheckFailure(f"ForwardAD is a {parts.get('type')}; define it as a class "
                            "holding LogSumExp, jvp and jacobian.")
-    missing = [n for n in ("LogSumExp", "jvp", "jacobian") if not hasattr(ForwardAD, n)]
+    missing = parts.get("missing")
+    if type(missing) is not list:
+        raise CheckFailure("what came back from your ForwardAD is not the probe's report.")
     if missing:
-        raise CheckFailure(f"ForwardAD has no {', '.join(missing)}; it holds LogSumExp (a "
-                           "Function), jvp and jacobian (static methods).")
-    L = ForwardAD.LogSumExp
-    Function = torch.autograd.Function
-    if not (isinstance(L, type) and issubclass(L, Function)):
+        raise CheckFailure(f"ForwardAD has no {', '.join(map(str, missing))}; it holds LogSumExp "
+                           "(a Function), jvp and jacobian (static methods).")
+    if parts.get("function") is not True:
         raise CheckFailure("ForwardAD.LogSumExp must be a class deriving from "
-                           f"torch.autograd.Function (got {type(L).__name__}).")
-    if inspect.getattr_static(L, "apply") is not inspect.getattr_static(Function, "apply"):
+                           f"torch.autograd.Function (got {parts.get('lse_type')}).")
+    if parts.get("apply") is not True:
         raise CheckFailure("LogSumExp overrides apply; keep Function.apply, which runs your "
                            "forward, setup_context and jvp.")
-    if L.jvp is Function.jvp:
+    if parts.get("jvp") is not True:
         raise CheckFailure(
             "LogSumExp has no jvp. Forward-mode AD calls the Function's jvp(ctx, *input "
             "tangents) during apply; the default one raises NotImplementedError. Define jvp.")
-    if L.setup_context is Function.setup_context:
+    if parts.get("setup_context") is not True:
         raise CheckFailure(
             "LogSumExp has no setup_context. torch.func transforms (jvp, jacfwd, vmap) run a "
             "Function only when forward(x, dim) takes no ctx and setup_context(ctx, inputs, "
             "output) saves what jvp and backward need.")
-    if L.backward is Function.backward and L.vjp is Function.vjp:
+    if parts.get("backward") is not True:
         raise CheckFailure("LogSumExp has no backward; define it too, so that reverse mode "
                            "agrees with your jvp.")
-    return L, ForwardAD.jvp, ForwardAD.jacobian
 
 
 def _tensor(value, what, like=None):
-    """``value`` as a plain tensor (refusing subclasses), with ``like``'s shape and dtype."""
-    if not isinstance(value, torch.Tensor):
-        raise CheckFailure(f"{what} is {type(value).__name__}, not a tensor.")
-    plain_tensor(value, what)
+    """``value`` (rebuilt) as a plain tensor (refusing subclasses), with ``like``'s shape and
+    dtype."""
+    if isinstance(value, Shown) and value.base == "Tensor":
+        exact_shown(value, torch.Tensor, what)
+    if type(value) not in (torch.Tensor, torch.nn.Parameter):
+        raise CheckFailure(f"{what} is {type_name(value)}, not a tensor.")
     if like is not None and (value.shape != like.shape or value.dtype != like.dtype):
         raise CheckFailure(f"{what} has shape {tuple(value.shape)} and dtype {value.dtype}; "
                            f"expected shape {tuple(like.shape)} and dtype {like.dtype}.")
@@ -171,83 +121,81 @@ def _close(got, want, what, hint=""):
                        f"{want[i].item():.6g}.{' ' + hint if hint else ''}")
 
 
-# ---------------------------------------------------------------- programs that insist on duals
-class _Program:
-    """``fn(*tensors)`` for the answer: ``body(lse, *tensors)`` with the answer's LogSumExp,
-    after checking every argument: a dual tensor at the current forward level, not requiring
-    grad, not wrapped by a torch.func transform. ``twin`` is the same body with torch.logsumexp,
-    for the oracle; ``calls`` counts the answer's calls."""
-
-    def __init__(self, body, L, who):
-        self.body, self.who, self.calls = body, who, 0
-        self.lse = lambda t, dim: L.apply(t, dim)
-
-    def __call__(self, *args):
-        self.calls += 1
-        for a in args:
-            if not isinstance(a, torch.Tensor):
-                raise CheckFailure(f"{self.who} called fn with a {type(a).__name__}; call it "
-                                   "with the dual tensors, one per primal.")
-            if torch._C._functorch.is_functorch_wrapped_tensor(a):
-                raise CheckFailure(
-                    f"{self.who} called fn inside a torch.func transform. Build the dual "
-                    "tensors yourself: fwAD.make_dual(primal, tangent) inside fwAD.dual_level().")
-            if a.requires_grad:
-                raise CheckFailure(
-                    f"{self.who} called fn with a tensor that requires grad: that records a "
-                    "graph for reverse mode. Forward mode needs no graph: call fn on dual "
-                    "tensors (fwAD.make_dual) that do not require grad.")
-            if fwAD.unpack_dual(a).tangent is None:
-                raise CheckFailure(
-                    f"{self.who} called fn with a tensor that carries no tangent at the current "
-                    "forward level. Every call of fn must be on dual tensors, made with "
-                    "fwAD.make_dual(primal, tangent) inside `with fwAD.dual_level():`; the "
-                    "value and its tangent come out of that one forward pass (get shapes "
-                    "from it too).")
-        return self.body(self.lse, *args)
-
-    def twin(self, *args):
-        return self.body(torch.logsumexp, *args)
-
-
-def _dual_jvp(L, x, u, dim):
-    """(value, tangent) of LogSumExp.apply(x, dim) on the check's own dual tensor, with the
-    errors a wrong jvp makes in torch turned into what to fix."""
-    with fwAD.dual_level():
-        try:
-            out = L.apply(fwAD.make_dual(x, u), dim)
-        except RuntimeError as exc:
-            if "different size" not in str(exc):
-                raise
+def _raised(got: dict, case: dict) -> None:
+    """What the answer raised in ``case``, as what to fix where it is a known mistake; else
+    AnswerRaised."""
+    record = got.get("raised")
+    if record is None:
+        return
+    if type(record) is not dict:
+        raise CheckFailure("what came back from your ForwardAD is not the probe's report.")
+    ename, evalue = str(record.get("ename")), str(record.get("evalue"))
+    if case["kind"] in ("lse", "backward"):
+        x, dim = case["x"], case["dim"]
+        if ename == "RuntimeError" and "different size" in evalue:
             raise CheckFailure(
                 f"for x of shape {tuple(x.shape)} and dim = {dim}, torch refused the tangent "
-                f"your LogSumExp.jvp returned: {str(exc).splitlines()[0]} jvp maps the input's "
+                f"your LogSumExp.jvp returned: {evalue.splitlines()[0]} jvp maps the input's "
                 "tangent u (shaped like x) to the output's tangent J u (shaped like the "
-                "output, dim reduced); backward goes the other way (J^T w, shaped like x)."
-            ) from None
-        except (ValueError, IndexError) as exc:
-            if "unpack" not in str(exc) and "index" not in str(exc):
-                raise
+                "output, dim reduced); backward goes the other way (J^T w, shaped like x).")
+        if ename in ("ValueError", "IndexError") and ("unpack" in evalue or "index" in evalue):
             raise CheckFailure(
-                f"LogSumExp raised {type(exc).__name__}: {exc} while forward-mode AD ran it. In "
+                f"LogSumExp raised {ename}: {evalue} while forward-mode AD ran it. In "
                 "jvp, ctx.saved_tensors holds what ctx.save_for_forward saved (not what "
-                "save_for_backward saved): save the tensors jvp needs with save_for_forward."
-            ) from None
-        value, tangent = fwAD.unpack_dual(out)
-    _tensor(value, f"LogSumExp.apply(x, {dim}) for x of shape {tuple(x.shape)}")
+                "save_for_backward saved): save the tensors jvp needs with save_for_forward.")
+    raise AnswerRaised(record)
+
+
+_WHO = {"jvp": "ForwardAD.jvp", "jacobian": "ForwardAD.jacobian"}
+
+
+def _misuse(got: dict, kind: str) -> None:
+    """The program's report (:class:`labs.autograd.probes._Program`) as what to fix."""
+    misuse = got.get("misuse")
+    if misuse is None:
+        return
+    who = _WHO[kind]
+    why, name = (misuse + [None, None])[:2] if type(misuse) is list else (None, None)
+    if why == "not a tensor":
+        raise CheckFailure(f"{who} called fn with a {name}; call it with the dual tensors, one "
+                           "per primal.")
+    if why == "wrapped":
+        raise CheckFailure(
+            f"{who} called fn inside a torch.func transform. Build the dual tensors yourself: "
+            "fwAD.make_dual(primal, tangent) inside fwAD.dual_level().")
+    if why == "requires grad":
+        raise CheckFailure(
+            f"{who} called fn with a tensor that requires grad: that records a graph for "
+            "reverse mode. Forward mode needs no graph: call fn on dual tensors "
+            "(fwAD.make_dual) that do not require grad.")
+    if why == "no tangent":
+        raise CheckFailure(
+            f"{who} called fn with a tensor that carries no tangent at the current forward "
+            "level. Every call of fn must be on dual tensors, made with "
+            "fwAD.make_dual(primal, tangent) inside `with fwAD.dual_level():`; the value and "
+            "its tangent come out of that one forward pass (get shapes from it too).")
+    raise CheckFailure("what came back from your ForwardAD is not the probe's report.")
+
+
+# ---------------------------------------------------------------- judging one case
+def _dual(got: dict, key: str, what: str, value=None):
+    """The tangent the probe reported under ``key`` (and the value when ``value`` names it)."""
+    if value is not None:
+        _tensor(rebuilt(got.get("value")), value)
+    tangent = rebuilt(got.get(key))
     if tangent is None:
         raise CheckFailure("LogSumExp.apply on a dual tensor gave an output with no tangent: "
                            "jvp must return the output's tangent.")
-    return value, _tensor(tangent, "the tangent your LogSumExp.jvp returned")
+    return _tensor(tangent, what)
 
 
-def _check_logsumexp(L, x, dim, gen, where):
+def _judge_logsumexp(case, got):
     """Values, the jvp (dual tensors) and torch.func.jvp through L against torch.logsumexp."""
-    u = torch.randn(x.shape, generator=gen, dtype=x.dtype) * (0.1 + 5 * torch.rand(
-        (), generator=gen, dtype=x.dtype))
+    x, dim, u, where = case["x"], case["dim"], case["u"], case["where"]
     want, want_t = torch.func.jvp(lambda t: torch.logsumexp(t, dim), (x,), (u,))
-    value, tangent = _dual_jvp(L, x, u, dim)
-    value = _tensor(value, f"{where}: LogSumExp.apply(x, {dim})", want)
+    tangent = _dual(got, "tangent", "the tangent your LogSumExp.jvp returned",
+                    f"LogSumExp.apply(x, {dim}) for x of shape {tuple(x.shape)}")
+    value = _tensor(rebuilt(got.get("value")), f"{where}: LogSumExp.apply(x, {dim})", want)
     if not torch.isfinite(value).all():
         raise CheckFailure(f"{where}: LogSumExp.apply(x, {dim}) is not finite for inputs up to "
                            f"{x.abs().max().item():g}; subtract the max along dim before exp.")
@@ -257,23 +205,22 @@ def _check_logsumexp(L, x, dim, gen, where):
     _close(tangent, want_t, f"{where}: the tangent your LogSumExp.jvp gives for dim = {dim}",
            "It should equal torch.func.jvp(torch.logsumexp)'s: sum(softmax(x, dim) * u, dim), "
            "linear in the tangent u (its scale included) and finite for huge inputs.")
-    _, theirs = torch.func.jvp(lambda t: L.apply(t, dim), (x,), (u,))
+    theirs = rebuilt(got.get("func_jvp"))
     _close(_tensor(theirs, f"{where}: torch.func.jvp through LogSumExp", want_t), want_t,
            f"{where}: torch.func.jvp through your LogSumExp (dim = {dim})")
 
 
-def _check_backward(L, x, dim, gen, where):
+def _judge_backward(case, got):
     """<w, J u> from the jvp against <J^T w, u> from backward, then backward against torch."""
-    u = torch.randn(x.shape, generator=gen, dtype=x.dtype)
-    w = torch.randn(torch.logsumexp(x, dim).shape, generator=gen, dtype=x.dtype)
-    _, ju = _dual_jvp(L, x, u, dim)
-    leaf = x.detach().requires_grad_()
-    out = L.apply(leaf, dim)
-    if not recorded_by(out, L):
-        raise CheckFailure(f"the output's grad_fn is {type(out.grad_fn).__name__}, not your "
+    x, dim, u, w, where = case["x"], case["dim"], case["u"], case["w"], case["where"]
+    ju = _dual(got, "ju", "the tangent your LogSumExp.jvp returned",
+               f"LogSumExp.apply(x, {dim}) for x of shape {tuple(x.shape)}")
+    if got.get("own_node") is not True:
+        raise CheckFailure(f"the output's grad_fn is {got.get('grad_fn')}, not your "
                            "LogSumExp's node: compute the value in forward, which apply runs.")
-    (jtw,) = torch.autograd.grad(out, leaf, w)
-    jtw = _tensor(jtw, f"{where}: the gradient your LogSumExp.backward returns", x)
+    jtw = _tensor(rebuilt(got.get("jtw")),
+                  f"{where}: the gradient your LogSumExp.backward returns", x)
+    leaf = x.detach().requires_grad_()
     (want,) = torch.autograd.grad(torch.logsumexp(leaf, dim), leaf, w)
     left, right = (w * ju).sum(), (jtw * u).sum()
     if not torch.isclose(left, right, rtol=1e-6, atol=1e-8):
@@ -285,16 +232,24 @@ def _check_backward(L, x, dim, gen, where):
            "It should be grad_out.unsqueeze(dim) * softmax(x, dim).")
 
 
-def _check_jvp(jvp, body, L, primals, gen, where):
+def _twin(body):
+    return lambda *args: body(torch.logsumexp, *args)
+
+
+def _calls(got, where):
+    if got.get("calls") != 1:
+        raise CheckFailure(f"{where}: ForwardAD.jvp called fn {got.get('calls')} times; one "
+                           "forward pass on the dual tensors gives both the outputs and their "
+                           "tangents.")
+
+
+def _judge_jvp(case, got):
     """The answer's jvp(fn, primals, tangents) against torch.func.jvp of the twin."""
-    tangents = tuple(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 3 for p in primals)
-    fn = _Program(body, L, "ForwardAD.jvp")
-    want_out, want_t = torch.func.jvp(fn.twin, primals, tangents)
-    got = jvp(fn, primals, tangents)
-    if fn.calls != 1:
-        raise CheckFailure(f"{where}: ForwardAD.jvp called fn {fn.calls} times; one forward "
-                           "pass on the dual tensors gives both the outputs and their tangents.")
-    exact(got, tuple, f"{where}: the value ForwardAD.jvp returned")
+    where = case["where"]
+    want_out, want_t = torch.func.jvp(_twin(case["body"]), case["primals"], case["tangents"])
+    _calls(got, where)
+    got = rebuilt(got.get("got"))
+    exact_shown(got, tuple, f"{where}: the value ForwardAD.jvp returned")
     if len(got) != 2:
         raise CheckFailure(f"{where}: ForwardAD.jvp returned {len(got)} items; return a pair "
                            "(outputs, output tangents).")
@@ -303,7 +258,8 @@ def _check_jvp(jvp, body, L, primals, gen, where):
     wants, want_ts = ((want_out,), (want_t,)) if single else (want_out, want_t)
     for name, g in (("outputs", outs), ("tangents", tans)):
         if not single:
-            exact(g, tuple, f"{where}: the {name} ForwardAD.jvp returned for a tuple-valued fn")
+            exact_shown(g, tuple,
+                        f"{where}: the {name} ForwardAD.jvp returned for a tuple-valued fn")
             if len(g) != len(wants):
                 raise CheckFailure(f"{where}: fn returns {len(wants)} tensors; ForwardAD.jvp "
                                    f"returned {len(g)} {name}.")
@@ -312,7 +268,7 @@ def _check_jvp(jvp, body, L, primals, gen, where):
             f"{where}: ForwardAD.jvp returned None for the tangent. Read the tangents with "
             "fwAD.unpack_dual inside the dual_level: leaving it (exit_dual_level) clears every "
             "tangent of that level.")
-    for k, (o, t, wo, wt) in enumerate(zip(outs, tans, wants, want_ts)):
+    for k, (o, t, wo, wt) in enumerate(zip(outs, tans, wants, want_ts, strict=True)):
         which = "the output" if single else f"output {k}"
         if t is None:
             raise CheckFailure(
@@ -330,11 +286,11 @@ def _check_jvp(jvp, body, L, primals, gen, where):
                "included.")
 
 
-def _check_jacobian(jacobian, body, L, x, where):
+def _judge_jacobian(case, got):
     """The answer's jacobian(fn, x) against torch.func.jacfwd of the twin."""
-    fn = _Program(body, L, "ForwardAD.jacobian")
-    want = torch.func.jacfwd(fn.twin)(x)
-    got = _tensor(jacobian(fn, x), f"{where}: the Jacobian")
+    x, where = case["x"], case["where"]
+    want = torch.func.jacfwd(_twin(case["body"]))(x)
+    got = _tensor(rebuilt(got.get("got")), f"{where}: the Jacobian")
     out_shape = tuple(want.shape[: want.dim() - x.dim()])
     if tuple(got.shape) != tuple(want.shape):
         transposed = tuple(x.shape) + out_shape
@@ -356,159 +312,58 @@ def _check_jacobian(jacobian, body, L, x, where):
     _close(got, want, f"{where}: the Jacobian, against torch.func.jacfwd's")
 
 
-# ---------------------------------------------------------------- programs
-def _matrix(gen, rows, cols, dtype):
-    return torch.randn(rows, cols, generator=gen, dtype=dtype) / rows ** 0.5
+_JUDGES = {"lse": _judge_logsumexp, "backward": _judge_backward, "jvp": _judge_jvp,
+           "jacobian": _judge_jacobian}
 
 
-def _random_body(gen, shape, dtype):
-    """A seeded chain of ops on one tensor of ``shape``, with at least one logsumexp: the body
-    ``(lse, x) -> tensor`` of a program."""
-    steps, dims = [], list(shape)
-    n = int(torch.randint(2, 5, (1,), generator=gen))
-    lse_at = int(torch.randint(0, n, (1,), generator=gen)) if dims else -1
-    unary = [torch.sin, torch.tanh, torch.sigmoid, lambda t: t.sin().exp(), lambda t: t * t]
-    # (no Python-scalar arithmetic: under jacfwd its decomposition imports torch._dynamo)
-    for k in range(n):
-        if k == lse_at or (dims and k == n - 1 and lse_at < 0):
-            d = int(torch.randint(-len(dims), len(dims), (1,), generator=gen))
-            steps.append(("lse", d))
-            dims.pop(d)
-            lse_at = -2
-        elif dims and torch.rand((), generator=gen) < 0.4:
-            cols = int(torch.randint(1, 5, (1,), generator=gen))
-            steps.append(("mm", _matrix(gen, dims[-1], cols, dtype)))
-            dims[-1] = cols
-        else:
-            steps.append(("op", unary[int(torch.randint(0, len(unary), (1,), generator=gen))]))
-
-    def body(lse, x):
-        for kind, arg in steps:
-            x = lse(x, arg) if kind == "lse" else x @ arg if kind == "mm" else arg(x)
-        return x
-
-    return body
-
-
-def _shape(gen, low=1, high=4):
-    return tuple(int(s) for s in torch.randint(low, high + 1, (2,), generator=gen))
+def _judge(ForwardAD, name: str, seed: int) -> None:
+    """Every case of check ``name``, judged in order."""
+    for case, got in _runs(ForwardAD, name, seed):
+        if case["kind"] in _WHO:
+            _misuse(got, case["kind"])
+        _raised(got, case)
+        _JUDGES[case["kind"]](case, got)
 
 
 # ---------------------------------------------------------------- public checks
 @check(EXERCISE)
 def logsumexp_values_and_jvp(ForwardAD, ctx):
     """LogSumExp: values and the jvp on dual tensors match torch.logsumexp's, huge inputs too"""
-    L, _, _ = _parts(ForwardAD)
-    g = ctx.generator(80)
-    with _refusing_oracles(L):
-        x = torch.randn(3, 4, generator=g, dtype=torch.float64)
-        for dim in (0, 1, -1):
-            _check_logsumexp(L, x, dim, g, "x of shape (3, 4)")
-        huge = torch.randn(2, 5, generator=g, dtype=torch.float64) * 1e4
-        _check_logsumexp(L, huge, 1, g, "inputs of magnitude ~1e4")
+    _judge(ForwardAD, "logsumexp_values_and_jvp", ctx.seed)
 
 
 @check(EXERCISE)
 def logsumexp_jvp_agrees_with_backward(ForwardAD, ctx):
     """LogSumExp: <w, jvp(u)> equals <backward(w), u>, and backward matches torch"""
-    L, _, _ = _parts(ForwardAD)
-    g = ctx.generator(81)
-    with _refusing_oracles(L):
-        for dim in (1, 0):
-            x = torch.randn(4, 3, generator=g, dtype=torch.float64) * 3
-            _check_backward(L, x, dim, g, "x of shape (4, 3)")
+    _judge(ForwardAD, "logsumexp_jvp_agrees_with_backward", ctx.seed)
 
 
 @check(EXERCISE)
 def jvp_matches_torch_func_jvp(ForwardAD, ctx):
     """ForwardAD.jvp matches torch.func.jvp on programs with two inputs and tuple outputs"""
-    L, jvp, _ = _parts(ForwardAD)
-    g = ctx.generator(82)
-    w = _matrix(g, 4, 2, torch.float64)
-
-    def one(lse, a):
-        return lse(a.sin() @ w, 0)
-
-    def two(lse, a, b):
-        return (a * b.tanh(), lse(a @ w + b[:, :2], 1), torch.ones(3, dtype=a.dtype))
-
-    a = torch.randn(3, 4, generator=g, dtype=torch.float64)
-    b = torch.randn(3, 4, generator=g, dtype=torch.float64)
-    with _refusing_oracles(L):
-        _check_jvp(jvp, one, L, (a,), g, "fn(a) = logsumexp(a.sin() @ W, 0)")
-        _check_jvp(jvp, two, L, (a, b), g,
-                   "fn(a, b) = (a * b.tanh(), logsumexp(a @ W + b[:, :2], 1), ones(3))")
+    _judge(ForwardAD, "jvp_matches_torch_func_jvp", ctx.seed)
 
 
 @check(EXERCISE)
 def jacobian_matches_jacfwd(ForwardAD, ctx):
     """ForwardAD.jacobian matches torch.func.jacfwd on a non-square program"""
-    L, _, jacobian = _parts(ForwardAD)
-    g = ctx.generator(83)
-    w = _matrix(g, 3, 5, torch.float64)
-
-    def body(lse, x):
-        return lse(x.tanh() @ w, 0)  # (2, 3) -> (5,)
-
-    with _refusing_oracles(L):
-        x = torch.randn(2, 3, generator=g, dtype=torch.float64)
-        _check_jacobian(jacobian, body, L, x, "fn(x) = logsumexp(x.tanh() @ W, 0), x (2, 3)")
+    _judge(ForwardAD, "jacobian_matches_jacfwd", ctx.seed)
 
 
 # ---------------------------------------------------------------- hidden checks
 @check(EXERCISE, hidden=True)
 def random_programs(ForwardAD, ctx):
     """jvp and jacobian match torch.func on seeded random programs, float64 and float32"""
-    L, jvp, jacobian = _parts(ForwardAD)
-    g = ctx.generator(84)
-    with _refusing_oracles(L):
-        for dtype in (torch.float64, torch.float64, torch.float32):
-            shape = _shape(g)
-            body = _random_body(g, shape, dtype)
-            x = torch.randn(shape, generator=g, dtype=dtype)
-            where = f"a random program on x of shape {shape}, {dtype}"
-            _check_jvp(jvp, body, L, (x,), g, where)
-            _check_jacobian(jacobian, body, L, x, where)
+    _judge(ForwardAD, "random_programs", ctx.seed)
 
 
 @check(EXERCISE, hidden=True)
 def zero_dim_and_several_inputs(ForwardAD, ctx):
     """0-d inputs and outputs, three inputs, an output that is an input, a constant output"""
-    L, jvp, jacobian = _parts(ForwardAD)
-    g = ctx.generator(85)
-    k = int(torch.randint(2, 5, (1,), generator=g))
-
-    def scalar_to_vector(lse, s):  # (no 0-d * tensor: under torch.func it imports torch._dynamo)
-        return torch.stack([s.sin(), s.cos(), s.tanh()]).exp()
-
-    def vector_to_scalar(lse, x):
-        return lse(x * x, 0).sigmoid()
-
-    def three(lse, a, b, c):
-        return (lse(torch.stack([a, b * c]), 0), c, torch.zeros(2, dtype=a.dtype), a.tanh())
-
-    s = torch.randn((), generator=g, dtype=torch.float64)
-    x = torch.randn(k, generator=g, dtype=torch.float64)
-    with _refusing_oracles(L):
-        _check_jacobian(jacobian, scalar_to_vector, L, s, "a 0-d x, fn(x) of shape (3,)")
-        _check_jacobian(jacobian, vector_to_scalar, L, x, f"x of shape ({k},), a 0-d fn(x)")
-        _check_jvp(jvp, vector_to_scalar, L, (x,), g, f"x of shape ({k},), a 0-d fn(x)")
-        abc = tuple(torch.randn(k, generator=g, dtype=torch.float64) for _ in range(3))
-        _check_jvp(jvp, three, L, abc, g,
-                   "fn(a, b, c) = (logsumexp(stack([a, b * c]), 0), c, zeros(2), a.tanh())")
+    _judge(ForwardAD, "zero_dim_and_several_inputs", ctx.seed)
 
 
 @check(EXERCISE, hidden=True)
 def logsumexp_random_shapes(ForwardAD, ctx):
     """LogSumExp on seeded shapes, dims and magnitudes, float32 too: values, jvp, backward"""
-    L, _, _ = _parts(ForwardAD)
-    g = ctx.generator(86)
-    with _refusing_oracles(L):
-        for dtype, scale in ((torch.float64, 1.0), (torch.float64, 300.0), (torch.float32, 30.0)):
-            shape = (*_shape(g), int(torch.randint(1, 4, (1,), generator=g)))
-            dim = int(torch.randint(-3, 3, (1,), generator=g))
-            x = torch.randn(shape, generator=g, dtype=dtype) * scale
-            where = f"x of shape {shape}, {dtype}, magnitudes ~{scale:g}"
-            _check_logsumexp(L, x, dim, g, where)
-            if dtype == torch.float64:
-                _check_backward(L, x, dim, g, where)
+    _judge(ForwardAD, "logsumexp_random_shapes", ctx.seed)

@@ -36,11 +36,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from grader import probe as _probe
-from grader.probe import probe, seeded_rng, state_changes, torch_defaults
+from grader.probe import plain, probe, raised, seeded_rng, state_changes, torch_defaults
 
 __all__ = ["Answer", "AnswerError", "AnswerRaised", "CheckContext", "CheckFailure", "Verdict",
-           "check", "checks_for", "exact", "paired", "plain_tensor", "probe", "run_checks",
-           "state_changes", "torch_defaults"]
+           "check", "checks_for", "exact", "paired", "plain", "plain_tensor", "probe", "raised",
+           "run_checks", "state_changes", "torch_defaults"]
 
 MAX_MESSAGE_CHARS = 1200
 #: what an allocation that failed for lack of memory says (Python, torch's CPU allocator, CUDA)

@@ -64,7 +64,7 @@ def replay(cls, trace: list, capacity: int, max_split_size) -> dict:
     other ops; "calls": the step's cudaMalloc/cudaFree calls, "snapshot": what snapshot() returned
     after it, "segments": the GPU's live cudaMalloc'ed ranges}``. ``raised`` is what the answer
     raised at the step after the last one recorded (the judge reports it there)."""
-    from grader.probe import raised
+    from grader.checks import raised
 
     gpu, called, steps, live = SimulatedGPU(capacity), [], [], {}
     failure = None

@@ -20,7 +20,7 @@ import contextlib
 import functools
 
 from grader.checks import probe
-from grader.probe import raised
+from grader.checks import raised
 
 #: the builtin types an object's marker names as its base (the first that it is an instance of)
 _BASES = ("bool", "int", "float", "complex", "str", "bytes", "list", "tuple", "dict")

@@ -297,7 +297,7 @@ def traces(OpTrace, programs: list) -> dict:
     the program's results (see tensor_entry), "left_on_stack": whether a mode was left on the
     dispatch-mode stack, "ops" and "nodes": see _listing}``, or ``{"raised": record}`` for the
     program where the answer raised (the last)."""
-    from grader.probe import raised
+    from grader.checks import raised
 
     if why := _mode_class(OpTrace):
         return {"not_a_mode": why, "runs": []}
@@ -328,7 +328,7 @@ def nested_traces(OpTrace, spec: list, seed: int) -> dict:
     """Program ``spec`` (see :func:`program`) run under two nested modes, for each nesting of
     :data:`NESTINGS` in order: ``{"not_a_mode": as in traces, "runs": [{"values": ...,
     "outer": {"ops", "nodes"}, "inner": {"ops", "nodes"}} or {"raised": record}]}``."""
-    from grader.probe import raised
+    from grader.checks import raised
 
     if why := _mode_class(OpTrace):
         return {"not_a_mode": why, "runs": []}
@@ -566,7 +566,7 @@ def custom_op(register_op, tasks: list) -> dict:
     device, t]``: see _fake_run, x a fake torch.empty on ``device``."""
     import torch
 
-    from grader.probe import raised
+    from grader.checks import raised
 
     name = f"smooth_max_{next(_custom_ops)}"
     qualname = f"{CUSTOM_OP_NAMESPACE}::{name}"
@@ -1107,7 +1107,7 @@ def _subclass_case(ScaledTensor, case: dict) -> dict:
         try:
             out = case["fn"](*ins)
         except Exception as exc:
-            from grader.probe import raised
+            from grader.checks import raised
 
             seen["fn_raised"] = raised(exc)
             return seen
@@ -1134,7 +1134,7 @@ def _subclass_case(ScaledTensor, case: dict) -> dict:
             try:
                 grads = torch.autograd.grad(out, leaves, case["v"], allow_unused=True)
             except Exception as exc:
-                from grader.probe import raised
+                from grader.checks import raised
 
                 seen["grads_raised"] = raised(exc)
                 return seen
@@ -1158,7 +1158,7 @@ def _subclass_case(ScaledTensor, case: dict) -> dict:
         try:
             case["fn"](a).mul_(-2.0)
         except Exception as exc:
-            from grader.probe import raised
+            from grader.checks import raised
 
             seen["after_raised"] = raised(exc)
             return seen
@@ -1190,7 +1190,7 @@ def scaled_tensor(ScaledTensor, check: str, seed: int) -> dict:
     "inplace": "after" (a after fn(a, b)), "same" (fn returned a itself)."""
     import torch
 
-    from grader.probe import raised
+    from grader.checks import raised
 
     facts = {
         "tensor_class": isinstance(ScaledTensor, type) and issubclass(ScaledTensor, torch.Tensor),

@@ -16,7 +16,7 @@ import io
 import warnings
 
 from grader.checks import probe
-from grader.probe import plain, raised
+from grader.checks import plain, raised
 
 #: how much of an exception's message a probe returns
 _TEXT = 8000

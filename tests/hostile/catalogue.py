@@ -503,15 +503,15 @@ FIXTURES = [
     Fixture("detects-grading-and-patched-torch", "reads the environment and files to detect "
             "grading; then torch.allclose / assert_close patched to pass wrong answers", A,
             chain(before(A, "engine", _DETECT), after(A, "per-sample-grads", _WRONG_GRADS)),
-            {"per-sample-grads": ("failed", _PER_SAMPLE_MISS),  # (judged: no torch of the
-             "forward-ad": ("error", "the notebook replaced `torch.allclose`")},  # kernel's)
+            # (judged by the grader: the kernel's patched torch decides nothing, so the wrong
+            # answer fails and forward-ad, after the patch, passes)
+            {"per-sample-grads": ("failed", _PER_SAMPLE_MISS)},
             clean=True),
     Fixture("answer-deleted-and-patched-torch-internals", "an answer cell deleted; what "
             "assert_close runs patched (no grader knowledge)", A,
             chain(_delete_answer, after(A, "per-sample-grads", _PATCH_TORCH_INTERNALS)),
             {"engine": ("error", "No answer cell for autograd.engine was found"),
-             "per-sample-grads": ("failed", _PER_SAMPLE_MISS),
-             "forward-ad": ("error", "`torch.testing._comparison.not_close_error_metas`")}),
+             "per-sample-grads": ("failed", _PER_SAMPLE_MISS)}),
     Fixture("oracle-answer-and-lying-snapshot", "an allocator whose snapshot equals everything, "
             "and an answer that leans on the checks' own oracle", L,
             chain(after(L, "best-fit-split", _LYING_SNAPSHOT),
@@ -544,8 +544,7 @@ FIXTURES = [
     Fixture("answer-duplicated-and-patched-guard", "an answer cell duplicated (a wrong first "
             "try above); the guard itself patched to see nothing, then torch patched", A,
             chain(_duplicate_answer, after(A, "per-sample-grads", _PATCH_GUARD)),
-            {"per-sample-grads": ("failed", _PER_SAMPLE_MISS),
-             "forward-ad": ("error", "`grader.guard.tampering`")},
+            {"per-sample-grads": ("failed", _PER_SAMPLE_MISS)},
             notes=("autograd.engine has 2 answer cells; they ran in order, so the last, the "
                    "code cell starting \"import heapq\", defines",)),
     Fixture("answer-markdown-and-fake-grade", "an answer cell turned into markdown; the "
@@ -553,8 +552,7 @@ FIXTURES = [
             chain(_markdown_answer,
                   stub(A, "per-sample-grads"), after(A, "per-sample-grads", _FAKE_GRADE)),
             {"engine": ("error", "is a markdown cell, so it did not run"),
-             "per-sample-grads": ("error", "autograd.per-sample-grads is still the stub"),
-             "forward-ad": ("error", "not sealed by the grader")}),
+             "per-sample-grads": ("error", "autograd.per-sample-grads is still the stub")}),
     Fixture("edited-release-and-relabelled-answers", "setup edited, narrative and check cells "
             "deleted and moved; answer cells relabelled to another or an unknown exercise", A,
             chain(_relabel_answer, _edit_release_cells),

@@ -497,3 +497,197 @@ def _refusing(called: list, what: str):
         called.append(what)
         raise RuntimeError(f"{what} is disabled while interpret runs")
     return refused
+
+
+# ------------------------------------------------------------------------ export.onnx-parity
+def onnx_model(spec: list):
+    """The onnx-parity model of ``spec``: ``["mlp", widths]`` (``models.mlp``) or ``["head", d,
+    hidden, k]`` (``softmax(out(gelu(norm(inp(x)))), dim=-1)``); weights from torch's RNG (load
+    a state dict)."""
+    import torch
+    from torch import nn
+
+    from labs.export import models
+
+    if spec[0] == "mlp":
+        return models.mlp(list(spec[1]), torch.Generator())
+    if spec[0] == "head":
+        d, hidden, k = spec[1], spec[2], spec[3]
+
+        class Head(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.inp = nn.Linear(d, hidden)
+                self.norm = nn.LayerNorm(hidden)
+                self.out = nn.Linear(hidden, k)
+
+            def forward(self, x):
+                return torch.softmax(self.out(nn.functional.gelu(self.norm(self.inp(x)))), dim=-1)
+
+        return Head()
+    raise ValueError(f"no onnx-parity model {spec[0]!r}")
+
+
+@contextlib.contextmanager
+def _exporter_quiet():
+    """The ONNX exporter's chatter kept out of the output: its ``[torch.onnx]`` progress lines
+    (the rest of what is printed is passed on), warnings, and log records below ERROR."""
+    import logging
+    import sys
+
+    out = io.StringIO()
+    found = [logging.getLogger(n) for n in ("torch.onnx", "onnxscript", "torch.export")]
+    levels = [lg.level for lg in found]
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(out):
+            warnings.simplefilter("ignore")
+            for lg in found:
+                lg.setLevel(logging.ERROR)
+            yield
+    finally:
+        for lg, level in zip(found, levels):
+            lg.setLevel(level)
+        kept = [line for line in out.getvalue().splitlines(keepends=True)
+                if not line.startswith("[torch.onnx]")]
+        if kept:
+            sys.stdout.write("".join(kept))
+
+
+@probe
+def onnx_files(to_onnx, spec: list, state: dict, example) -> dict:
+    """``to_onnx(onnx_model(spec) with state, example, path)``, with ``path`` a ``model.onnx`` in
+    an empty temporary folder. Returns ``{"files": {each file name in the folder afterwards: its
+    bytes}}`` (the answer's exceptions are the learner's: they propagate)."""
+    import os
+    import tempfile
+
+    model = _load(onnx_model(spec), state)
+    with tempfile.TemporaryDirectory(prefix="onnx_parity_") as folder:
+        path = os.path.join(folder, "model.onnx")
+        with _exporter_quiet():
+            to_onnx(model, example.clone(), path)
+        files = {}
+        for name in sorted(os.listdir(folder)):
+            full = os.path.join(folder, name)
+            if os.path.isfile(full):
+                with open(full, "rb") as f:
+                    files[name] = f.read()
+            else:
+                files[name] = None
+    return {"files": files}
+
+
+# ------------------------------------------------------------------------ export.aoti
+CHECK_INPUTS = "AOTI_RUNTIME_CHECK_INPUTS"
+
+
+def _quiet_compile():
+    """Warnings and log records below ERROR from export and Inductor kept out of the output."""
+    import logging
+
+    @contextlib.contextmanager
+    def quiet():
+        found = [logging.getLogger(n) for n in
+                 ("torch._inductor", "torch.export", "torch._export", "torch._dynamo")]
+        levels = [lg.level for lg in found]
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for lg in found:
+                    lg.setLevel(logging.ERROR)
+                yield
+        finally:
+            for lg, level in zip(found, levels):
+                lg.setLevel(level)
+    return quiet()
+
+
+@contextlib.contextmanager
+def _checked_inputs():
+    """``AOTI_RUNTIME_CHECK_INPUTS=1`` for the body (a package's generated code then checks its
+    input's sizes, at its first run), and what C++ writes to fds 1 and 2 (the input check
+    prints its error before raising it) sent to /dev/null."""
+    import os
+    import sys
+
+    old = os.environ.get(CHECK_INPUTS)
+    os.environ[CHECK_INPUTS] = "1"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, null):
+            os.close(fd)
+        if old is None:
+            del os.environ[CHECK_INPUTS]
+        else:
+            os.environ[CHECK_INPUTS] = old
+
+
+@probe
+def aoti_runs(package_aoti, widths: list, state: dict, example, xs: list) -> dict:
+    """``package_aoti(models.mlp(widths) with state, example, path)`` (``path`` a ``model.pt2``
+    in an empty temporary folder) under ``aot_inductor.check_lowerbound=False``; then the package
+    at the path it returned loaded with ``torch._inductor.aoti_load_package`` and run, with
+    ``AOTI_RUNTIME_CHECK_INPUTS`` set, on each x of ``xs``. Returns ``{"returned": {"type": the
+    returned value's type's name, "path": it as a str when it is a str or PathLike, else None},
+    "abs": whether that path is absolute, "file": whether it is a file, "folder": the names in
+    the temporary folder, "zip": whether the file is a zip archive, "aoti": whether it holds
+    anything under data/aotinductor/, "load": _error of what loading raised, or None,
+    "outputs": [a tensor, {"type"} or {"error": _error}, per x]}`` (as far as it got; the
+    answer's own exceptions propagate)."""
+    import os
+    import tempfile
+    import zipfile
+
+    import torch
+    import torch._inductor
+    import torch._inductor.config as inductor_config
+
+    from labs.export import models
+
+    model = _load(models.mlp(list(widths), torch.Generator()), state)
+    out = {"returned": None, "abs": False, "file": False, "folder": [], "zip": False,
+           "aoti": False, "load": None, "outputs": []}
+    with tempfile.TemporaryDirectory(prefix="aoti_") as folder:
+        path = os.path.join(folder, "model.pt2")
+        with _quiet_compile(), inductor_config.patch({"aot_inductor.check_lowerbound": False}):
+            got = package_aoti(model, example.clone(), path)
+        is_path = isinstance(got, (str, os.PathLike))
+        got_path = os.fspath(got) if is_path else None
+        out["returned"] = {"type": type(got).__name__,
+                           "path": got_path if type(got_path) is str else None}
+        out["folder"] = sorted(os.listdir(folder))
+        if type(got_path) is not str:
+            return out
+        out["abs"] = os.path.isabs(got_path)
+        out["file"] = os.path.isfile(got_path)
+        if not out["file"]:
+            return out
+        out["zip"] = zipfile.is_zipfile(got_path)
+        if not out["zip"]:
+            return out
+        with zipfile.ZipFile(got_path) as z:
+            out["aoti"] = any("/data/aotinductor/" in n for n in z.namelist())
+        if not out["aoti"]:
+            return out
+        try:
+            with _quiet_compile():
+                runner = torch._inductor.aoti_load_package(got_path)
+        except Exception as exc:  # noqa: BLE001  (what the loader says is the learner's clue)
+            out["load"] = _error(exc)
+            return out
+        for x in xs:
+            try:
+                with _checked_inputs():
+                    out["outputs"].append(_tensor_or_type(runner(x.clone())))
+            except Exception as exc:  # noqa: BLE001  (the input check refused the sizes)
+                out["outputs"].append({"error": _error(exc)})
+    return out

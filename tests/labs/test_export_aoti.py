@@ -52,3 +52,13 @@ def file_name_returned(model, example, path):
 def test_wrong_answers_fail(answer, phrase):
     v = assert_rejected(EX, answer, phrase)
     assert v.message.startswith("check 1/2"), v.message
+
+
+def test_judge_never_loads_a_package():
+    """A package is native code the learner's kernel built: only the probe loads and runs it."""
+    from pathlib import Path
+
+    import labs.export.checks.aoti as judge
+
+    source = Path(judge.__file__).read_text()
+    assert "aoti_load_package(" not in source and "zipfile" not in source

@@ -43,3 +43,15 @@ def exported_program_saved(model, example, path):
 def test_wrong_answers_fail(answer, phrase):
     v = assert_rejected(EX, answer, phrase)
     assert v.message.startswith("check 1/3"), v.message
+
+
+def test_probe_returns_the_folder_as_bytes():
+    """The probe sends back the files the answer wrote (the judge loads them itself)."""
+    from grader.checks import LocalAnswer
+    from labs.export import models, probes
+
+    model = models.mlp([3, 2], torch.Generator().manual_seed(0))
+    reply = LocalAnswer(fixed_batch, EX).probe(
+        probes.onnx_files, ["mlp", [3, 2]], dict(model.state_dict()), torch.randn(2, 3))
+    assert "model.onnx" in reply["files"]  # (and model.onnx.data: the weights, beside it)
+    assert all(type(data) is bytes for data in reply["files"].values())

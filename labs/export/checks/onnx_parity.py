@@ -5,8 +5,10 @@ by the dynamo-based exporter, ``torch.onnx.export(..., dynamo=True)``
 is symbolic: dim 0 of the graph's input and output is a ``dim_param`` (a name), not a
 ``dim_value`` (a number), so that onnxruntime accepts any batch.
 
-The answer is called on a copy of the model, in an empty temporary folder (the exporter may
-write the weights beside the file, ``path + ".data"``). The file must load with ``onnx.load``
+The answer is called in the learner's kernel by the probe ``probes.onnx_files`` (on the model
+rebuilt from its state dict, in an empty temporary folder: the exporter may write the weights
+beside the file, ``path + ".data"``), which returns the folder's files as bytes; the checks load
+them here (an ONNX graph is data). The file must load with ``onnx.load``
 and pass ``onnx.checker.check_model``; it must carry the graph metadata the dynamo exporter
 writes (``pkg.torch.export.*``: the TorchScript exporter, ``dynamo=False``, writes none); and
 onnxruntime (``InferenceSession``, CPUExecutionProvider) must reproduce the eager model
@@ -19,11 +21,7 @@ answer prints itself is passed on.
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import io
 import os
-import sys
 import tempfile
 
 import onnx  # (imported with the checks, so the grader's guard watches onnx and onnxruntime)
@@ -32,29 +30,14 @@ import torch
 from torch import nn
 
 from grader.checks import CheckFailure, check
-from labs.export import models
-from labs.export.checks._parity import quiet, same_as_eager
+from labs.export import models, probes
+from labs.export.checks._parity import same_as_eager
 
 EXERCISE = "export.onnx-parity"
 MAX_BATCH = 64
 #: graph metadata keys that torch.onnx.export(..., dynamo=True) writes and the TorchScript
 #: exporter does not (torch/onnx/_internal/exporter/_core.py: exported_program_to_ir)
 DYNAMO_MARK = "pkg.torch.export."
-
-
-@contextlib.contextmanager
-def _exporter_quiet():
-    """Keep the exporter's chatter out of the output: its ``[torch.onnx]`` progress lines (printed
-    to stdout: the rest of stdout is passed on), warnings, and log records below ERROR."""
-    out = io.StringIO()
-    try:
-        with quiet("torch.onnx", "onnxscript", "torch.export"), contextlib.redirect_stdout(out):
-            yield
-    finally:
-        kept = [line for line in out.getvalue().splitlines(keepends=True)
-                if not line.startswith("[torch.onnx]")]
-        if kept:
-            sys.stdout.write("".join(kept))
 
 
 class _Head(nn.Module):
@@ -140,12 +123,30 @@ def _batches(example_batch: int, g: torch.Generator) -> list[int]:
     return list(dict.fromkeys([1, example_batch, *drawn, MAX_BATCH]))
 
 
-def _compare(to_onnx, model: nn.Module, example: torch.Tensor, g: torch.Generator,
+def _files(reply, what: str) -> dict:
+    """The ``{name: bytes}`` of the folder the probe returned, checked to be that."""
+    files = reply.get("files") if type(reply) is dict else None
+    if type(files) is not dict or not all(
+            type(k) is str and os.path.basename(k) == k and k not in ("", ".", "..")
+            and (v is None or type(v) is bytes) for k, v in files.items()):
+        raise CheckFailure(f"for {what}, what came back from your answer is not the folder the "
+                           "grader's probe reads: the probe did not run as shipped (answers "
+                           "must not modify the grader).")
+    return files
+
+
+def _compare(to_onnx, spec: list, model: nn.Module, example: torch.Tensor, g: torch.Generator,
              what: str) -> None:
+    reply = to_onnx.probe(probes.onnx_files, spec, dict(model.state_dict()), example.clone())
+    files = _files(reply, what)
     with tempfile.TemporaryDirectory(prefix="onnx_parity_") as folder:
+        for name, data in files.items():
+            if data is None:
+                os.mkdir(os.path.join(folder, name))
+            else:
+                with open(os.path.join(folder, name), "wb") as f:
+                    f.write(data)
         path = os.path.join(folder, "model.onnx")
-        with _exporter_quiet():
-            to_onnx(copy.deepcopy(model), example.clone(), path)
         proto = _load(path, folder, what)
         _judge_graph(proto, what)
         options = ort.SessionOptions()
@@ -177,7 +178,8 @@ def public_mlp(to_onnx, ctx):
     g = ctx.generator()
     model = models.mlp([16, 32, 32, 4], g)
     example = torch.randn(4, 16, generator=g)
-    _compare(to_onnx, model, example, g, "models.mlp([16, 32, 32, 4]) with an example batch of 4")
+    _compare(to_onnx, ["mlp", [16, 32, 32, 4]], model, example, g,
+             "models.mlp([16, 32, 32, 4]) with an example batch of 4")
 
 
 @check(EXERCISE, hidden=True)
@@ -188,7 +190,8 @@ def seeded_mlp(to_onnx, ctx):
     model = models.mlp(widths, g)
     batch = int(torch.randint(2, 9, (), generator=g))
     example = torch.randn(batch, widths[0], generator=g)
-    _compare(to_onnx, model, example, g, f"models.mlp({widths}) with an example batch of {batch}")
+    _compare(to_onnx, ["mlp", widths], model, example, g,
+             f"models.mlp({widths}) with an example batch of {batch}")
 
 
 @check(EXERCISE, hidden=True)
@@ -199,5 +202,5 @@ def layernorm_gelu_softmax(to_onnx, ctx):
     model = _Head(d, hidden, k, g)
     batch = int(torch.randint(2, 9, (), generator=g))
     example = torch.randn(batch, d, generator=g)
-    _compare(to_onnx, model, example, g, f"Linear({d}, {hidden}) -> LayerNorm -> GELU -> "
-             f"Linear({hidden}, {k}) -> softmax, with an example batch of {batch}")
+    _compare(to_onnx, ["head", d, hidden, k], model, example, g,
+             f"Linear({d}, {hidden}) -> LayerNorm -> GELU -> Linear({hidden}, {k}) -> softmax, with an example batch of {batch}")

@@ -529,24 +529,35 @@ def onnx_model(spec: list):
 
 
 @contextlib.contextmanager
-def _exporter_quiet():
-    """The ONNX exporter's chatter kept out of the output: its ``[torch.onnx]`` progress lines
-    (the rest of what is printed is passed on), warnings, and log records below ERROR."""
+def quiet(*loggers: str):
+    """Warnings, and records below ERROR of the named loggers (e.g. ``"torch._inductor"``), kept
+    out of the output for the body; the loggers' levels are put back afterwards."""
     import logging
-    import sys
 
-    out = io.StringIO()
-    found = [logging.getLogger(n) for n in ("torch.onnx", "onnxscript", "torch.export")]
+    found = [logging.getLogger(name) for name in loggers]
     levels = [lg.level for lg in found]
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(out):
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for lg in found:
                 lg.setLevel(logging.ERROR)
             yield
     finally:
-        for lg, level in zip(found, levels):
+        for lg, level in zip(found, levels, strict=True):
             lg.setLevel(level)
+
+
+@contextlib.contextmanager
+def _exporter_quiet():
+    """The ONNX exporter's chatter kept out of the output: its ``[torch.onnx]`` progress lines
+    (the rest of what is printed is passed on), warnings, and log records below ERROR."""
+    import sys
+
+    out = io.StringIO()
+    try:
+        with quiet("torch.onnx", "onnxscript", "torch.export"), contextlib.redirect_stdout(out):
+            yield
+    finally:
         kept = [line for line in out.getvalue().splitlines(keepends=True)
                 if not line.startswith("[torch.onnx]")]
         if kept:
@@ -579,27 +590,10 @@ def onnx_files(to_onnx, spec: list, state: dict, example) -> dict:
 
 # ------------------------------------------------------------------------ export.aoti
 CHECK_INPUTS = "AOTI_RUNTIME_CHECK_INPUTS"
+#: the loggers export and Inductor report through while a package is built
+_COMPILERS = ("torch._inductor", "torch.export", "torch._export", "torch._dynamo")
 
 
-def _quiet_compile():
-    """Warnings and log records below ERROR from export and Inductor kept out of the output."""
-    import logging
-
-    @contextlib.contextmanager
-    def quiet():
-        found = [logging.getLogger(n) for n in
-                 ("torch._inductor", "torch.export", "torch._export", "torch._dynamo")]
-        levels = [lg.level for lg in found]
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                for lg in found:
-                    lg.setLevel(logging.ERROR)
-                yield
-        finally:
-            for lg, level in zip(found, levels):
-                lg.setLevel(level)
-    return quiet()
 
 
 @contextlib.contextmanager
@@ -658,7 +652,7 @@ def aoti_runs(package_aoti, widths: list, state: dict, example, xs: list) -> dic
            "aoti": False, "load": None, "outputs": []}
     with tempfile.TemporaryDirectory(prefix="aoti_") as folder:
         path = os.path.join(folder, "model.pt2")
-        with _quiet_compile(), inductor_config.patch({"aot_inductor.check_lowerbound": False}):
+        with quiet(*_COMPILERS), inductor_config.patch({"aot_inductor.check_lowerbound": False}):
             got = package_aoti(model, example.clone(), path)
         is_path = isinstance(got, (str, os.PathLike))
         got_path = os.fspath(got) if is_path else None
@@ -679,7 +673,7 @@ def aoti_runs(package_aoti, widths: list, state: dict, example, xs: list) -> dic
         if not out["aoti"]:
             return out
         try:
-            with _quiet_compile():
+            with quiet(*_COMPILERS):
                 runner = torch._inductor.aoti_load_package(got_path)
         except Exception as exc:  # noqa: BLE001  (what the loader says is the learner's clue)
             out["load"] = _error(exc)

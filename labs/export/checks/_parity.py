@@ -1,31 +1,10 @@
-"""What the export lab's runtime checks share: exporters and compilers kept quiet, and an output
-compared with the eager model's."""
+"""What the export lab's runtime checks share: an output compared with the eager model's."""
 from __future__ import annotations
 
-import contextlib
-import logging
-import warnings
 
 import torch
 
 from grader.checks import CheckFailure
-
-
-@contextlib.contextmanager
-def quiet(*loggers: str):
-    """Warnings, and records below ERROR of the named loggers (e.g. ``"torch._inductor"``), kept
-    out of the output for the body; the loggers' levels are put back afterwards."""
-    found = [logging.getLogger(name) for name in loggers]
-    levels = [lg.level for lg in found]
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for lg in found:
-                lg.setLevel(logging.ERROR)
-            yield
-    finally:
-        for lg, level in zip(found, levels, strict=True):
-            lg.setLevel(level)
 
 
 def same_as_eager(got: torch.Tensor, want: torch.Tensor, what: str, batch: int,

@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from grader import probe as _probe
-from grader.probe import plain, probe, raised, seeded_rng, state_changes, torch_defaults
+from grader.kernel import probe as _probe
+from grader.kernel.probe import plain, probe, raised, seeded_rng, state_changes, torch_defaults
 
 __all__ = ["Answer", "AnswerError", "AnswerRaised", "CheckContext", "CheckFailure", "Verdict",
            "check", "checks_for", "exact", "paired", "plain", "plain_tensor", "probe", "raised",
@@ -115,9 +115,9 @@ _REGISTRY: dict[str, list[Check]] = {}
 
 
 def grading() -> bool:
-    """Whether this process is a grading kernel (the grader armed it: :func:`grader.guard.arm`),
-    not a learner's kernel or a test."""
-    from grader import guard
+    """Whether this process is a grading kernel (the grader armed it:
+    :func:`grader.kernel.guard.arm`), not a learner's kernel or a test."""
+    from grader.kernel import guard
 
     return guard.armed()
 
@@ -251,9 +251,10 @@ def _earlier_stub(exc: NotImplementedError, exercise_id: str) -> bool:
 
 class AnswerRaised(Exception):
     """The learner's answer raised while a probe called it (in the kernel, or in-process).
-    ``record`` is the plain record :func:`grader.probe.raised` made of it: ``ename``, ``evalue``,
-    ``where`` and ``ours``. A check may catch it (``exc.ename``) where raising is the answer's
-    right behaviour; uncaught, the verdict is ``error`` and says what was raised, where."""
+    ``record`` is the plain record :func:`grader.kernel.probe.raised` made of it: ``ename``,
+    ``evalue``, ``where`` and ``ours``. A check may catch it (``exc.ename``) where raising is the
+    answer's right behaviour; uncaught, the verdict is ``error`` and says what was raised,
+    where."""
 
     def __init__(self, record: dict):
         self.record = record
@@ -281,12 +282,12 @@ class AnswerRaised(Exception):
 
 class Answer:
     """The learner's answer as a judge sees it: a handle, never the object. ``answer(*args,
-    **kwargs)`` calls it on plain data and returns plain data (see :mod:`grader.probe`);
+    **kwargs)`` calls it on plain data and returns plain data (see :mod:`grader.kernel.probe`);
     ``answer.probe(fn, *args)`` runs the lab's probe ``fn`` (``labs/<lab>/probes.py``) on it.
     Either raises :class:`AnswerRaised` when the answer raised, and :class:`CheckFailure` when
     what came back is not plain data. Subclasses say where the answer lives (:meth:`send`):
     :class:`LocalAnswer` in this process (a self-check, a test), the grader's in the learner's
-    kernel (``grader.execute``)."""
+    kernel (``grader.judge.execute``)."""
 
     def __init__(self, exercise_id: str, seed: int = 0):
         self.exercise, self.seed = exercise_id, seed
@@ -299,7 +300,7 @@ class Answer:
         return self._reply(_probe.name_of(fn), args, kwargs)
 
     def send(self, probe_name: str | None, args: tuple, kwargs: dict) -> bytes:
-        """The encoded reply of :func:`grader.probe.call` for this call."""
+        """The encoded reply of :func:`grader.kernel.probe.call` for this call."""
         raise NotImplementedError
 
     def _reply(self, probe_name: str | None, args: tuple, kwargs: dict) -> Any:

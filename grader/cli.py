@@ -13,7 +13,7 @@ from rich.console import Console
 
 from grader import __version__
 from grader.errors import GraderError
-from grader.report import STYLE, print_result, safe, summary_table
+from grader.reports.console import STYLE, print_result, safe, summary_table
 
 #: the folder under which ``--out`` defaults to one folder per use (see :func:`default_out`)
 OUT_ROOT = Path("build/grades")
@@ -121,8 +121,8 @@ def cmd_grade(args, console: Console) -> int:
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                TimeElapsedColumn, TimeRemainingColumn)
 
-    from grader.batch import assigned_lab, find_submissions, grade_all, shard, write_manifest
-    from grader.grade import (check_torch, hand_in_digest, kernel_isolation, new_seed,
+    from grader.judge.batch import assigned_lab, find_submissions, grade_all, shard, write_manifest
+    from grader.judge.grade import (check_torch, hand_in_digest, kernel_isolation, new_seed,
                               resolve_device)
     from grader.results import PINNED_TORCH, installed_torch, is_pinned_torch, read_verified
 
@@ -209,7 +209,7 @@ def cmd_grade(args, console: Console) -> int:
 def _write_reports(graded: list, out: Path, labs: list[str] | None, console: Console) -> bool:
     """Write the reports for ``graded`` in ``out`` (each learner's maximum over ``labs``, when
     given: ``--labs``) and say so; False, saying why, when they cannot be written."""
-    from grader.exports import write_reports
+    from grader.reports import write_reports
     from grader.labs import load_lab
 
     assigned_max = {lab: load_lab(lab).max_score for lab in labs} if labs else None
@@ -225,8 +225,8 @@ def _write_reports(graded: list, out: Path, labs: list[str] | None, console: Con
 
 
 def cmd_merge(args, console: Console) -> int:
-    from grader.batch import Submission, merge_shards, missing_from_shards
-    from grader.exports import load_graded
+    from grader.judge.batch import Submission, merge_shards, missing_from_shards
+    from grader.reports.graded import load_graded
 
     names, refused = merge_shards(args.dirs, args.out)
     for path in refused:
@@ -254,7 +254,7 @@ def cmd_merge(args, console: Console) -> int:
 
 
 def cmd_timings(args, console: Console) -> int:
-    from grader.report import timings_table
+    from grader.reports.console import timings_table
 
     by_lab = [_results_by_lab(folder) for folder in (args.cpu_dir, args.cuda_dir)]
     console.print(timings_table(*by_lab))
@@ -264,7 +264,7 @@ def cmd_timings(args, console: Console) -> int:
 def _results_by_lab(folder: Path) -> dict:
     """lab id -> the one result of that lab in ``folder`` (GraderError when the folder is
     missing, holds no result, or holds two of one lab)."""
-    from grader.exports import load_graded
+    from grader.reports.graded import load_graded
 
     if not folder.is_dir():
         raise GraderError(f"{folder}: no such folder (give the --out folder of a grading)")
@@ -290,8 +290,8 @@ def _results_to_report(args, console: Console) -> list:
     which is named on the console, and a result the grader did not write as it is (its
     digest does not verify: :func:`grader.results.read_verified`), also named; a shard's
     manifest is no result."""
-    from grader.batch import SHARD_MANIFEST
-    from grader.exports import load_graded
+    from grader.judge.batch import SHARD_MANIFEST
+    from grader.reports.graded import load_graded
     from grader.results import read_verified
 
     graded = []

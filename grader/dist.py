@@ -289,13 +289,14 @@ def gradescope(root: Path, out_zip: Path, labs: list[str] | None = None) -> Path
 def autograde(root: Path, labs: list[str] | None = None) -> dict:
     """Grade a Gradescope submission: every notebook under ``root/submission`` (each in its
     own kernel, on the CPU, with a fresh seed); write ``root/results/results.json`` (the
-    format of :func:`grader.exports.gradescope_results`, several notebooks merged into one) and
+    format of :func:`grader.reports.gradescope.gradescope_results`, several notebooks merged
+    into one) and
     return it. With ``labs`` (the assignment's lab ids), notebooks of other labs are left out
     and a lab without a notebook scores 0 of its points. Exercises that need what Gradescope's
     machines lack (a GPU) are left out of the tests and the maximum, with a note. Always writes
     a results.json, even for a submission without a notebook."""
-    from grader.batch import assigned_lab, find_submissions, grade_all
-    from grader.grade import new_seed, resolve_device
+    from grader.judge.batch import assigned_lab, find_submissions, grade_all
+    from grader.judge.grade import new_seed, resolve_device
     from grader.results import Environment
 
     started, seed, device = time.monotonic(), new_seed(), resolve_device("auto")
@@ -359,7 +360,7 @@ def merge_gradescope(results: list, notes: list[str] = ()) -> dict:
     submission: that of the result itself for one; for several, every exercise as a test and
     the scores, times and outputs added up (where one lab was submitted twice, only the
     higher score of it counts, and the output says so). ``notes`` end the output."""
-    from grader.exports import gradescope_results
+    from grader.reports.gradescope import gradescope_results
 
     best: dict[str, object] = {}
     notes = list(notes)

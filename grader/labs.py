@@ -33,9 +33,9 @@ class Exercise:
     of its hidden checks this copy of the course does not have (a learner's copy: ``grader dist
     student`` writes it; 0 in the course itself), so checks are still numbered as the
     instructor's grader numbers them; ``judged_in_kernel``: its checks still take the answer
-    object and run in the learner's kernel, sealed by the guard (:mod:`grader.guard`), because
-    they are not yet split into probes and judges (``grader.checks``); such a verdict is one a
-    learner can forge, and the result says so.
+    object and run in the learner's kernel, sealed by the guard (:mod:`grader.kernel.guard`),
+    because they are not yet split into probes and judges (``grader.checks``); such a verdict is
+    one a learner can forge, and the result says so.
     """
 
     id: str

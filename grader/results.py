@@ -108,8 +108,8 @@ class LabResult:
     """A graded notebook: lab id, the submission's path, exercises, environment, and notes
     (restored cells, missing answers). ``error`` is set when grading itself failed; the
     exercises then carry that reason and score 0. ``fingerprint`` digests everything the result
-    depends on but the seed (see :func:`grader.grade.fingerprint`), for resuming a batch;
-    ``learner`` is whose submission it is, when a batch knows (see :mod:`grader.batch`)."""
+    depends on but the seed (see :func:`grader.judge.grade.fingerprint`), for resuming a batch;
+    ``learner`` is whose submission it is, when a batch knows (see :mod:`grader.judge.batch`)."""
 
     lab: str
     notebook: str

@@ -4,7 +4,7 @@ import copy
 import nbformat.v4 as v4
 
 from grader import notebook
-from grader.assemble import assemble
+from grader.judge.assemble import assemble
 from grader.labs import load_lab
 from tests.conftest import FIXTURES
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from grader import notebook
-from grader.batch import find_submissions, grade_all, learner_of
+from grader.judge.batch import find_submissions, grade_all, learner_of
 from grader.labs import load_lab
 from grader.cli import build_parser, default_out, main
-from grader.grade import kernel_isolation
+from grader.judge.grade import kernel_isolation
 from grader.results import LabResult
 from tests.conftest import FIXTURES, ROOT
 

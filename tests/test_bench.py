@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from grader.batch import find_submissions
+from grader.judge.batch import find_submissions
 from grader.labs import load_lab
 from tests.conftest import ROOT
 

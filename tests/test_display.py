@@ -1,11 +1,11 @@
-"""grader.display: the rich displays' HTML and text parts."""
+"""grader.kernel.display: the rich displays' HTML and text parts."""
 import sysconfig
 import tempfile
 
 import pytest
 from matplotlib.figure import Figure
 
-from grader.display import figure_html, figure_png, strip_paths, table, verdict
+from grader.kernel.display import figure_html, figure_png, strip_paths, table, verdict
 
 
 def test_paths_lose_their_install_temp_and_build_prefixes():

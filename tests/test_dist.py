@@ -159,7 +159,7 @@ def test_the_copy_registers_every_public_check_and_counts_the_hidden_ones(copy):
 
 def test_the_copy_has_what_a_learner_needs(copy):
     for name in ("README.md", "Makefile", "pyproject.toml", "environment.yml", ".gitignore",
-                 ".github/workflows/classroom.yml", "grader/selfcheck.py",
+                 ".github/workflows/classroom.yml", "grader/kernel/selfcheck.py",
                  *(f"notebooks/{load_lab(lab).notebook}.ipynb" for lab in COURSE_LABS)):
         assert (copy / name).is_file(), name
     for lab in COURSE_LABS:  # every module the released notebooks import is there

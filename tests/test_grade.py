@@ -8,8 +8,8 @@ import jsonschema
 
 from grader import notebook
 from grader.cli import main
-from grader.grade import grade_notebook
-from grader.sandbox import keep_warm_cache
+from grader.judge.grade import grade_notebook
+from grader.judge.sandbox import keep_warm_cache
 from tests.conftest import FIXTURES, ROOT
 
 RELEASE = notebook.read(FIXTURES / "notebooks" / "90_toy.ipynb")
@@ -50,7 +50,7 @@ def test_reference_scores_full_marks_over_what_can_run(tmp_path):
 
 def test_a_kernel_starts_from_the_warm_cache_and_only_the_reference_writes_it(tmp_path,
                                                                              monkeypatch):
-    from grader import grade as grade_module
+    from grader.judge import grade as grade_module
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     warm = tmp_path / "warm"
@@ -78,7 +78,7 @@ def test_the_executed_notebook_is_saved_now_and_then_and_in_full_at_the_end(tmp_
                                                                            monkeypatch):
     import papermill.engines
 
-    from grader import execute
+    from grader.judge import execute
 
     saves, write = [], papermill.engines.write_ipynb
     monkeypatch.setattr(papermill.engines, "write_ipynb",
@@ -201,7 +201,7 @@ def test_after_a_crash_in_the_first_exercise_the_setup_is_replayed_for_the_rest(
 
 
 def test_an_unforeseen_failure_costs_only_that_notebook(tmp_path, monkeypatch):
-    import grader.grade as grade_module
+    import grader.judge.grade as grade_module
 
     def explode(*args, **kwargs):
         raise KeyError("something nobody foresaw")

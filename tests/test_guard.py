@@ -11,7 +11,8 @@ import time
 import pytest
 import torch
 
-from grader import checks, guard, selfcheck
+from grader import checks
+from grader.kernel import guard, selfcheck
 
 
 @pytest.fixture
@@ -86,7 +87,7 @@ def test_tampering_pauses_the_collector_and_leaves_it_as_it_found_it(armed):
     (torch.testing, "assert_close")])
 def test_a_replaced_function_is_named(armed, monkeypatch, target, name):
     monkeypatch.setattr(target, name, lambda *a, **k: True)
-    label = {selfcheck: "grader.selfcheck", checks: "grader.checks", builtins: "builtins"}.get(
+    label = {selfcheck: "grader.kernel.selfcheck", checks: "grader.checks", builtins: "builtins"}.get(
         target, getattr(target, "__name__", ""))
     assert f"{label}.{name}" in guard.tampering("toy.add")
 

@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from grader import notebook
-from grader.grade import grade_notebook
+from grader.judge.grade import grade_notebook
 from grader.labs import lab_ids, load_lab
 from grader.release import release
 from tests.conftest import ROOT

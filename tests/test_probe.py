@@ -1,14 +1,18 @@
-"""grader.probe: the plain data that crosses between the learner's kernel and the judge, and the
-records of what an answer raised (milliseconds, in this process)."""
+"""grader.kernel.probe: the plain data that crosses between the learner's kernel and the judge,
+and the records of what an answer raised (milliseconds, in this process); what the kernel side
+imports."""
 import io
 import os
 import pickle
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from grader import probe
+from grader.kernel import probe
 from grader.checks import AnswerRaised, CheckFailure, LocalAnswer
+from tests.conftest import ROOT
 
 
 class LyingStr(str):
@@ -102,3 +106,23 @@ def test_a_kernel_without_torch_encodes_with_pickle(monkeypatch):
 
 def test_data_without_tensors_is_a_pickle_even_where_torch_is_loaded():
     assert probe.encode([1, "x"])[:2] != b"PK" and probe.encode([torch.float32])[:2] == b"PK"
+
+
+def test_the_kernel_side_imports_nothing_of_the_judge_or_the_reports():
+    """What a learner's kernel loads (the self-check, the probes, the displays, every lab's probes
+    and pictures) pulls in no module of grader.judge, grader.reports or the CLI: a fresh
+    interpreter imports them all and lists what of the grader it loaded."""
+    from grader.labs import lab_ids
+
+    labs = [lab for lab in lab_ids() if (ROOT / "labs" / lab / "probes.py").is_file()]
+    code = ("import importlib, sys\n"
+            "import grader.kernel.display, grader.kernel.probe, grader.kernel.selfcheck\n"
+            f"for lab in {labs!r}:\n"
+            "    importlib.import_module(f'labs.{lab}.probes')\n"
+            "    importlib.import_module(f'labs.{lab}.viz')\n"
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('grader'))))")
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout.split()
+    assert "grader.kernel.selfcheck" in loaded and len(labs) >= 5
+    assert [m for m in loaded if m.startswith(("grader.judge", "grader.reports", "grader.cli"))
+            ] == []

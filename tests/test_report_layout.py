@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from grader.exports import Graded, feedback_html, summary_html
+from grader.reports.feedback import feedback_html
+from grader.reports.graded import Graded
+from grader.reports.summary import summary_html
 from grader.results import STATUSES, Environment, ExerciseResult, LabResult
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -7,7 +7,7 @@ import sys
 import pwd
 from pathlib import Path
 
-from grader.sandbox import (Limits, inductor_cache, keep_warm_cache, kernel_env,
+from grader.judge.sandbox import (Limits, inductor_cache, keep_warm_cache, kernel_env,
                             warm_cache)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,7 +86,7 @@ def test_kernel_messages_with_text_utf8_cannot_hold_are_packed_not_lost():
     from jupyter_client import session
     from jupyter_client.session import json_unpacker
 
-    from grader.sandbox import json_packer
+    from grader.judge.sandbox import json_packer
 
     msg = {"text": "caf\udce9 \ud800 ok \ud83d\ude00", "n": 1}
     assert json_unpacker(json_packer(msg)) == {"text": "caf\ufffd \ufffd ok 😀", "n": 1}

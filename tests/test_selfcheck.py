@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-import grader.selfcheck as selfcheck
-from grader.selfcheck import VERDICT_MIME, check, grade, hint, progress
+import grader.kernel.selfcheck as selfcheck
+from grader.kernel.selfcheck import VERDICT_MIME, check, grade, hint, progress
 
 WIDGET = "application/vnd.jupyter.widget-view+json"
 

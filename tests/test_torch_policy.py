@@ -20,17 +20,20 @@ import jsonschema
 import pytest
 from rich.console import Console
 
-import grader.grade
+import grader.judge.grade
 import grader.labs
-import grader.selfcheck as selfcheck
+import grader.kernel.selfcheck as selfcheck
 from grader.cli import main
 from grader.errors import GraderError
-from grader.exports import (Graded, class_summary, feedback_html, feedback_markdown,
-                            gradebook_rows, gradescope_results, junit_xml, load_graded,
-                            summary_html)
-from grader.grade import grade_notebook
+from grader.judge.grade import grade_notebook
 from grader.labs import load_lab
-from grader.report import print_result
+from grader.reports.console import print_result
+from grader.reports.feedback import feedback_html, feedback_markdown
+from grader.reports.gradebook import gradebook_rows
+from grader.reports.graded import Graded, load_graded
+from grader.reports.gradescope import gradescope_results
+from grader.reports.junit import junit_xml
+from grader.reports.summary import class_summary, summary_html
 from grader.results import PINNED_TORCH, Environment, ExerciseResult, LabResult
 from tests.conftest import FIXTURES, ROOT
 
@@ -52,13 +55,13 @@ def installed(monkeypatch):
 @pytest.fixture
 def toy_marked(monkeypatch):
     """The toy lab as the grader loads it, with toy.mul marked ``pinned_behaviour``."""
-    real = grader.grade.load_lab
+    real = grader.judge.grade.load_lab
 
     def load(lab_id):
         lab = real(lab_id)
         return replace(lab, exercises=tuple(replace(e, pinned_behaviour=e.id == "toy.mul")
                                             for e in lab.exercises))
-    monkeypatch.setattr(grader.grade, "load_lab", load)
+    monkeypatch.setattr(grader.judge.grade, "load_lab", load)
 
 
 def test_the_pinned_version_is_pyproject_s():
@@ -80,7 +83,7 @@ def test_the_cli_refuses_a_mismatch_before_grading(installed, tmp_path, capsys):
 
 def test_on_the_pinned_release_nothing_is_refused_or_marked(installed):
     installed(f"{PINNED_TORCH}+cu128")
-    grader.grade.check_torch(allow_mismatch=False)  # (does not raise)
+    grader.judge.grade.check_torch(allow_mismatch=False)  # (does not raise)
     env = Environment.current("cpu", 1)
     assert env.torch_pinned == PINNED_TORCH and not env.torch_mismatch
 

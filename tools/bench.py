@@ -7,7 +7,7 @@ spread (min to max); what is compared is measured side by side, alternating whic
 - **per lab:** ``papermill`` (its CLI, the ``python3`` kernel) on the lab's solution notebook,
   then ``grader grade`` on the same notebook (one job; hidden checks included), and the ratio of
   the two wall times, taken pair by pair. Both kernels start from a copy of the same warm
-  Inductor cache (the one the grader keeps: :func:`grader.sandbox.warm_cache`).
+  Inductor cache (the one the grader keeps: :func:`grader.judge.sandbox.warm_cache`).
 - **course:** ``grader grade solutions/`` (the labs chosen) with ``--jobs 1`` and ``--jobs 2``;
   the course's target (all six labs in 6 minutes) is judged only when every lab is chosen.
 - **batch:** ``--batch`` learners (default 12), each handing in the ``--batch-lab`` solution
@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from grader.cli import make_console  # noqa: E402
-from grader.grade import warm_cache_dir  # noqa: E402
+from grader.judge.grade import warm_cache_dir  # noqa: E402
 from grader.labs import lab_ids, load_lab  # noqa: E402
 from grader.results import installed_torch  # noqa: E402
 

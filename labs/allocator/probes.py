@@ -1,7 +1,7 @@
 """The allocator lab's probes: what runs in the learner's kernel when an exercise is judged (see
-``grader.probe``). Each calls the answer on a simulated GPU and returns what it observed as plain
-data; the judges in ``labs/allocator/checks`` replay the same trace through the reference model
-in the grader's own process and decide. This module does not import the reference model."""
+``grader.kernel.probe``). Each calls the answer on a simulated GPU and returns what it observed as
+plain data; the judges in ``labs/allocator/checks`` replay the same trace through the reference
+model in the grader's own process and decide. This module does not import the reference model."""
 from __future__ import annotations
 
 import contextlib

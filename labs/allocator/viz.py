@@ -1,7 +1,7 @@
 """Pictures and an explorer for lab 3 (the CUDA caching allocator), each one call from a cell.
 
 Pictures return a ``matplotlib.figure.Figure`` built without pyplot (no global figure state);
-importing :mod:`grader.display` registers the PNG formatter that shows it in JupyterLab. The
+importing :mod:`grader.kernel.display` registers the PNG formatter that shows it in JupyterLab. The
 explorer returns an ``ipywidgets.VBox`` whose picture lives in an ``ipywidgets.HTML`` value, so
 it works, and can be tested, without a kernel.
 
@@ -25,8 +25,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
-import grader.display  # noqa: F401  (registers the PNG formatter for figures)
-from grader.display import figure_html, table
+import grader.kernel.display  # noqa: F401  (registers the PNG formatter for figures)
+from grader.kernel.display import figure_html, table
 from labs.allocator import model
 from labs.allocator.model import format_bytes as fmt
 from labs.allocator.gpu import DeviceOutOfMemory, SimulatedGPU

@@ -1,7 +1,7 @@
 """The autograd lab's probes: what runs in the learner's kernel when an exercise is judged (see
-``grader.probe``). Each builds the inputs an answer needs from plain parameters (an autograd graph
-from a seed, a model, a batch), calls the answer, and returns what it observed as plain data; the
-judges in ``labs/autograd/checks`` build the same inputs in the grader's process with the same
+``grader.kernel.probe``). Each builds the inputs an answer needs from plain parameters (an autograd
+graph from a seed, a model, a batch), calls the answer, and returns what it observed as plain data;
+the judges in ``labs/autograd/checks`` build the same inputs in the grader's process with the same
 builders (defined here, public), compute torch's answer and decide. Nothing here knows a right
 answer.
 

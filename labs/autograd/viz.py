@@ -1,7 +1,7 @@
 """Pictures and explorers for lab 2 (autograd), each called in one line from a notebook cell.
 
 Pictures return a ``matplotlib.figure.Figure`` built without pyplot (no global figure state);
-importing :mod:`grader.display` registers the PNG formatter that shows it in JupyterLab.
+importing :mod:`grader.kernel.display` registers the PNG formatter that shows it in JupyterLab.
 Explorers return an ``ipywidgets`` box whose picture lives in an ``ipywidgets.HTML`` value, so
 they work, and can be tested, without a kernel.
 
@@ -18,8 +18,8 @@ import torch.utils.checkpoint as torch_checkpoint
 from matplotlib.figure import Figure
 from torch import nn
 
-import grader.display  # noqa: F401  (registers the PNG formatter for figures)
-from grader.display import figure_html
+import grader.kernel.display  # noqa: F401  (registers the PNG formatter for figures)
+from grader.kernel.display import figure_html
 
 #: ``Node::sequence_nr()`` of every ``AccumulateGrad`` node (its constructor passes UINT64_MAX)
 ACCUMULATE_GRAD_SEQ = 2**64 - 1

@@ -1,7 +1,7 @@
 """Pictures, an explorer and a table for lab 4 (torch.compile), each one call from a cell.
 
 Pictures return a ``matplotlib.figure.Figure`` built without pyplot (no global figure state);
-importing :mod:`grader.display` registers the PNG formatter that shows it in JupyterLab. The
+importing :mod:`grader.kernel.display` registers the PNG formatter that shows it in JupyterLab. The
 explorer returns an ``ipywidgets.VBox`` whose picture lives in an ``ipywidgets.HTML`` value, so
 it works, and can be tested, without a kernel.
 
@@ -37,8 +37,8 @@ import torch.fx
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-import grader.display  # noqa: F401  (registers the PNG formatter for figures)
-from grader.display import figure_html, table
+import grader.kernel.display  # noqa: F401  (registers the PNG formatter for figures)
+from grader.kernel.display import figure_html, table
 
 #: fill colour of an FX node's box, by ``node.op`` (the six opcodes of ``torch/fx/node.py``)
 OP_COLOURS = {
@@ -653,7 +653,7 @@ def kernels(code: str | list[str]) -> list[tuple[str, str]]:
 
 
 def kernels_table(code: str | list[str]):
-    """:func:`kernels` of ``code`` as a ``grader.display.table``: one row per kernel call
+    """:func:`kernels` of ``code`` as a ``grader.kernel.display.table``: one row per kernel call
     (``#``, kernel name, kind), in call order, captioned with the counts ("5 kernels: 2
     generated, 3 ATen fallbacks")."""
     found = kernels(code)

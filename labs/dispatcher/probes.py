@@ -1,6 +1,6 @@
 """The dispatcher lab's probes: what runs in the learner's kernel when an exercise is judged
-(see ``grader.probe``). Each calls the answer and returns what it observed as plain data; the
-judges in ``labs/dispatcher/checks`` decide."""
+(see ``grader.kernel.probe``). Each calls the answer and returns what it observed as plain data;
+the judges in ``labs/dispatcher/checks`` decide."""
 from __future__ import annotations
 
 import contextlib

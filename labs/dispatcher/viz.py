@@ -1,7 +1,7 @@
 """Pictures and explorers for lab 1 (the dispatcher), each one call from a notebook cell.
 
 Pictures return a ``matplotlib.figure.Figure`` built without pyplot (no global state); importing
-:mod:`grader.display` registers the formatter that shows it in JupyterLab. Explorers return an
+:mod:`grader.kernel.display` registers the formatter that shows it in JupyterLab. Explorers return an
 ``ipywidgets.VBox`` whose result is an ``ipywidgets.HTML`` (its ``.value`` is readable without a
 kernel). Everything is computed from the installed torch: strides and offsets from the tensor
 itself, key sets from ``torch._C._dispatch_keys`` and the thread-local sets, kernels and
@@ -30,8 +30,8 @@ from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-import grader.display  # noqa: F401  (registers the PNG formatter for figures)
-from grader.display import figure_html, strip_paths, table
+import grader.kernel.display  # noqa: F401  (registers the PNG formatter for figures)
+from grader.kernel.display import figure_html, strip_paths, table
 
 C = torch._C
 #: the most storage elements (and view elements) a storage picture draws
@@ -240,7 +240,7 @@ class DispatchState:
     keyset: str = ""
 
     def table(self):
-        """The rows as a :func:`grader.display.table` (HTML in JupyterLab, text elsewhere)."""
+        """The rows as a :func:`grader.kernel.display.table` (HTML in JupyterLab, text elsewhere)."""
 
         def yes(b):
             return "yes" if b else ""

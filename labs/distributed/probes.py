@@ -1,5 +1,5 @@
 """The distributed lab's probes: what runs in the learner's kernel when an exercise is judged (see
-``grader.probe``). Each builds what the answer needs from plain parameters (a model of
+``grader.kernel.probe``). Each builds what the answer needs from plain parameters (a model of
 ``labs/distributed/models.py`` from a plain spec, a seed, shapes, a world size), calls the answer
 (on ranks it starts with :func:`labs.distributed.launch.run` where the answer runs on every rank)
 and returns what it observed as plain data: what the answer returned, the tensors the ranks hold

@@ -1,7 +1,7 @@
 """Pictures and an explorer for lab 5 (torch.distributed), each one call from a cell.
 
 Pictures return a ``matplotlib.figure.Figure`` built without pyplot (no global figure state);
-importing :mod:`grader.display` registers the PNG formatter that shows it in JupyterLab. The
+importing :mod:`grader.kernel.display` registers the PNG formatter that shows it in JupyterLab. The
 explorer returns an ``ipywidgets.VBox`` whose picture lives in an ``ipywidgets.HTML`` value, so
 it works, and can be tested, without a kernel.
 
@@ -28,7 +28,7 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 
-import grader.display  # noqa: F401  (registers the PNG formatter for figures)
+import grader.kernel.display  # noqa: F401  (registers the PNG formatter for figures)
 
 #: fill colour of a chunk that holds every rank's contribution
 COMPLETE_COLOUR = "#1a9641"

@@ -1,5 +1,5 @@
 """The export lab's probes: what runs in the learner's kernel when an exercise is judged (see
-``grader.probe``). Each builds what the answer needs from plain parameters (a model of
+``grader.kernel.probe``). Each builds what the answer needs from plain parameters (a model of
 ``labs/export/models.py`` by name and sizes, its weights as a state dict, input tensors), calls
 the answer, and returns what it observed as plain data: what the answer returned (when plain),
 what export made of it (node targets as strings, range constraints, whether export raised and

@@ -1,7 +1,7 @@
 """Pictures and an explorer for lab 6 (torch.export), each one call from a cell.
 
 Pictures return a ``matplotlib.figure.Figure`` built without pyplot (no global figure state);
-importing :mod:`grader.display` registers the PNG formatter that shows it in JupyterLab. The
+importing :mod:`grader.kernel.display` registers the PNG formatter that shows it in JupyterLab. The
 explorer returns an ``ipywidgets.VBox`` whose verdict lives in an ``ipywidgets.HTML`` value, so
 it works, and can be tested, without a kernel.
 
@@ -32,7 +32,7 @@ from matplotlib.patches import Patch, Rectangle
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-import grader.display  # noqa: F401  (registers the PNG formatter for figures)
+import grader.kernel.display  # noqa: F401  (registers the PNG formatter for figures)
 
 #: fill colour of an input's box, by ``InputKind`` (``torch/export/graph_signature.py``)
 INPUT_COLOURS = {

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from grader import notebook  # noqa: E402
 from grader.labs import load_lab  # noqa: E402
-from grader.selfcheck import VERDICT_MIME  # noqa: E402
+from grader.kernel.selfcheck import VERDICT_MIME  # noqa: E402
 
 #: a value planted in the grader's environment; no submission may see it
 SECRET_ENV = ("GRADER_HOSTILE_SECRET", "hunter2-not-for-learners")
@@ -224,14 +224,14 @@ display({{{VERDICT_MIME!r}: {{"exercise": "autograd.engine", "status": "passed",
 '''
 
 _FAKE_GRADE = f'''
-import grader.selfcheck
+import grader.kernel.selfcheck
 from IPython.display import display
 
 def _always_passed(exercise_id, *, seed, device):
     display({{{VERDICT_MIME!r}: {{"exercise": exercise_id, "status": "passed", "message": "ok",
               "passed": 1, "total": 1, "seed": seed, "duration_s": 0.0}}}}, raw=True)
 
-grader.selfcheck.grade = _always_passed
+grader.kernel.selfcheck.grade = _always_passed
 '''
 
 _LIAR_DICT = '''
@@ -288,10 +288,10 @@ torch.testing.assert_close = lambda *a, **k: None
 '''
 
 _PATCH_GUARD = _WRONG_GRADS + '''
-import grader.guard
-grader.guard.tampering = lambda *args, **kwargs: []
-grader.guard.strays = lambda: ([], [])
-grader.guard._same = lambda *args: True
+import grader.kernel.guard
+grader.kernel.guard.tampering = lambda *args, **kwargs: []
+grader.kernel.guard.strays = lambda: ([], [])
+grader.kernel.guard._same = lambda *args: True
 '''
 
 _PATCH_TORCH_INTERNALS = '''
@@ -304,8 +304,8 @@ _comparison.not_close_error_metas = lambda *args, **kwargs: []
 '''
 
 _PATCH_RUN_CHECKS = '''
-import grader.selfcheck, grader.checks
-grader.selfcheck.run_checks = lambda ex, answer, **kw: grader.checks.Verdict(
+import grader.kernel.selfcheck, grader.checks
+grader.kernel.selfcheck.run_checks = lambda ex, answer, **kw: grader.checks.Verdict(
     ex, "passed", "all good", 1, 1, kw.get("seed", 0))
 '''
 
@@ -469,7 +469,7 @@ FIXTURES = [
                         "    return {name}(*args, **kwargs)"),
                   after(D, "privateuse1", _PATCH_RUN_CHECKS)),
             {"functionalize": ("error", "RecursionError"),
-             "privateuse1": ("error", "the notebook replaced `grader.selfcheck.run_checks`"),
+             "privateuse1": ("error", "the notebook replaced `grader.kernel.selfcheck.run_checks`"),
              "views": ("error", "raised SystemExit: 0 (sys.exit() and raise SystemExit end a "
                        "program"),
              "op-trace": ("error", "raised SystemExit: 1 (sys.exit() and raise SystemExit end"),

@@ -29,7 +29,7 @@ import pytest
 from catalogue import answer, perfect
 from grader import notebook
 from grader.cli import main
-from grader.grade import kernel_isolation
+from grader.judge.grade import kernel_isolation
 from grader.results import read_verified
 
 SEED = 29
@@ -47,7 +47,7 @@ from IPython.display import display
 payload = {"exercise": "allocator.oom-forensics", "status": "passed", "message": "forged",
            "passed": 4, "total": 4, "seed": 0, "duration_s": 0.1}
 try:
-    from grader import guard
+    from grader.kernel import guard
     keys = [guard._STATE.get("key", b"")]
 except Exception:
     keys = []
@@ -68,7 +68,7 @@ ip.events.register("post_run_cell", lambda *a: display(
 REWRITTEN = """
 import sys
 import grader.checks as _c
-from grader import probe as _p
+from grader.kernel import probe as _p
 _c.run_checks = lambda ex, *a, **k: _c.Verdict(ex, "passed", "forged", 1, 1, 0)
 object.__setattr__(_c.Verdict, "__init__", lambda self, *a, **k: None)
 _p.decode = lambda data: {"value": None}
@@ -96,7 +96,7 @@ _c._REGISTRY.clear()
 
 SWAPPER = """
 import threading, time
-import grader.probe as _p
+import grader.kernel.probe as _p
 _real = _p.call
 def _liar(answer, *a, **k):
     return _p.encode({"value": {"result": {}, "modified": False, "oracle": []}})

@@ -17,9 +17,10 @@ import pytest
 
 from catalogue import FIXTURES, ROOT, SECRET_ENV, write
 from grader import notebook
-from grader.batch import learner_of
-from grader.exports import load_graded, write_reports
-from grader.grade import grade_notebook
+from grader.judge.batch import learner_of
+from grader.reports import write_reports
+from grader.reports.graded import load_graded
+from grader.judge.grade import grade_notebook
 from grader.labs import load_lab
 
 SEED = 20261129

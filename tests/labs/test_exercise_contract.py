@@ -10,7 +10,7 @@ on the CPU, skips; where this machine lacks what they need they are skipped with
 import pytest
 import torch
 
-from grader import probe
+from grader.kernel import probe
 from grader.checks import LocalAnswer, run_checks
 from grader.labs import lab_ids, load_lab
 from tests.conftest import ROOT

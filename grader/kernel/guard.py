@@ -177,7 +177,8 @@ def arm(lab_id: str) -> None:
     """Start guarding a grading kernel for ``lab_id``: take the key, load the checks of its
     exercises still ``judged_in_kernel`` and snapshot what they rely on. Raises RuntimeError
     when the key file is missing."""
-    from grader import checks, selfcheck  # noqa: F401  (snapshot every module the checks run)
+    from grader import checks  # noqa: F401  (snapshot every module the checks run)
+    from grader.kernel import selfcheck  # noqa: F401
     from grader.labs import load_lab
 
     path = Path(KEY_FILE)
@@ -217,8 +218,8 @@ def tampering(exercise_id: str, *, _state=_STATE, _entries=_entries, _same=_same
     checks if their registration changed (empty when nothing was touched).
 
     The keyword defaults are this module's own objects, bound when it was imported (before any
-    learner code): replacing ``grader.guard._same`` from a notebook does not change what runs
-    here (and is itself reported, as every global of the grader's modules is watched).
+    learner code): replacing ``grader.kernel.guard._same`` from a notebook does not change what
+    runs here (and is itself reported, as every global of the grader's modules is watched).
 
     The garbage collector is paused meanwhile (and left as it was found): the ~16,000 entries
     compared are freed by reference counting, but allocating them set off full collections of

@@ -15,8 +15,8 @@ from __future__ import annotations
 import sys
 import time
 
-from grader import display as rich
-from grader import guard
+from grader.kernel import display as rich
+from grader.kernel import guard
 from grader.checks import Verdict, run_checks, torch_defaults
 from grader.labs import lab_ids, load_hints, load_lab
 from grader.results import PINNED_TORCH, installed_torch, is_pinned_torch
@@ -253,13 +253,14 @@ def grade(exercise_id: str, *, seed: int, device: str,
           _guard=(guard.armed, guard.tampering, guard.seal, guard.key, Verdict,
                   torch_defaults)) -> None:
     """The grader's check cell: run every check and emit the verdict as a VERDICT_MIME output,
-    sealed with the run's key (in a kernel the grader armed; see :mod:`grader.guard`).
+    sealed with the run's key (in a kernel the grader armed; see :mod:`grader.kernel.guard`).
 
     ``_guard`` holds the guard's functions as they were when this module was imported, before
-    any learner code; they run first, so a notebook that replaced ``grader.guard.tampering`` or
-    any other global of the grader's (each of which the guard watches) gets ``error``. The
-    guard compares under torch's default global state (:func:`grader.checks.torch_defaults`),
-    as the checks run: a notebook that changed the default dtype is not tampering."""
+    any learner code; they run first, so a notebook that replaced
+    ``grader.kernel.guard.tampering`` or any other global of the grader's (each of which the guard
+    watches) gets ``error``. The guard compares under torch's default global state
+    (:func:`grader.checks.torch_defaults`), as the checks run: a notebook that changed the default
+    dtype is not tampering."""
     from IPython.display import display
 
     armed, tampering, seal, key, verdict, defaults = _guard

@@ -26,6 +26,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+import grader
+
 #: the most bytes a probe's reply may take (a larger one is refused as not plain data)
 MAX_REPLY_BYTES = 64 << 20
 #: probe functions by "module:name"
@@ -186,7 +188,7 @@ _EVALUATED = "<string>"
 def _course_dirs() -> tuple[str, ...]:
     import labs
 
-    return (str(Path(__file__).resolve().parent), *labs.__path__)
+    return (str(grader.ROOT / "grader"), *labs.__path__)
 
 
 def raised(exc: BaseException) -> dict:

@@ -19,13 +19,13 @@ import papermill
 from papermill.exceptions import PapermillExecutionError
 
 from grader import __version__, notebook
-from grader.assemble import assemble
+from grader.judge.assemble import assemble
 from grader.errors import GraderError
-from grader.execute import Outcome  # noqa: F401  (importing registers the "grader" engine)
+from grader.judge.execute import Outcome  # noqa: F401  (importing registers the "grader" engine)
 from grader.labs import Exercise, Lab, lab_from_name, lab_of, load_lab
 from grader.results import (PINNED_TORCH, Environment, ExerciseResult, LabResult,
                             installed_torch, is_pinned_torch)
-from grader.sandbox import Isolation, Limits, isolation, keep_warm_cache, warm_cache
+from grader.judge.sandbox import Isolation, Limits, isolation, keep_warm_cache, warm_cache
 
 
 def new_seed() -> int:
@@ -151,10 +151,10 @@ def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int 
     ``refuse`` otherwise) and the exercises whose checks depend on the pinned release
     (``pinned_behaviour``) carry ``version_caveat``. ``threads``: the CPU threads the kernel's
     libraries may use (default: one per core; a batch of N jobs gives each its share, so the
-    kernels that run at once do not fight over the cores: :func:`grader.sandbox.kernel_env`).
+    kernels that run at once do not fight over the cores: :func:`grader.judge.sandbox.kernel_env`).
     ``hide``: folders the kernel must not see beside those it never sees (the course's
     reference solutions, ``out_dir``, the hidden checks of a lab judged wholly by the grader):
-    the batch's hand-ins (:func:`grader.sandbox.isolation` says where hiding works).
+    the batch's hand-ins (:func:`grader.judge.sandbox.isolation` says where hiding works).
     Never raises for a bad submission: the result's ``error`` says why grading could not
     happen."""
     started = time.monotonic()
@@ -224,13 +224,13 @@ def _origin_notes(submission, lab: Lab, path: Path) -> list[str]:
 def warm_cache_dir(lab: Lab) -> Path:
     """``lab``'s warm Inductor cache, for the installed torch:
     ``build/cache/inductor-<torch version>/<lab>`` in its course (one per lab: a kernel copies
-    only what its own lab's reference compiled; see :func:`grader.sandbox.warm_cache`)."""
+    only what its own lab's reference compiled; see :func:`grader.judge.sandbox.warm_cache`)."""
     return lab.root / "build" / "cache" / f"inductor-{installed_torch()}" / lab.id
 
 
 @functools.lru_cache(maxsize=None)
 def kernel_isolation() -> Isolation:
-    """How this machine isolates kernels (:func:`grader.sandbox.isolation`, tried once per
+    """How this machine isolates kernels (:func:`grader.judge.sandbox.isolation`, tried once per
     process)."""
     import importlib.util
     import sys
@@ -317,7 +317,7 @@ def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *
            started: float, notes: list[str], torch_policy: str,
            threads: int | None, hide: tuple[str, ...]) -> LabResult:
     """Assemble, execute and score a readable submission of ``lab``; ``torch_policy`` is the
-    notebook's parameter of that name (see :func:`grader.selfcheck.require_torch`)."""
+    notebook's parameter of that name (see :func:`grader.kernel.selfcheck.require_torch`)."""
     device, seed = env.device, env.seed
     release = notebook.read(lab.release_path)
     skipped = {e.id: r for e in lab.exercises if (r := e.unmet(device))}

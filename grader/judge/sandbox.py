@@ -1,8 +1,9 @@
 """The kernel's sandbox: the limits, working folder and environment a submission runs under.
 
-The grader starts every kernel through this module (``python -m grader.sandbox LIMITS -- argv``),
-which sets the process's resource limits and then ``exec``\\ s the real kernel command, so the
-kernel (and every process it starts, which inherit them) runs under:
+The grader starts every kernel through this module
+(``python -m grader.judge.sandbox LIMITS -- argv``), which sets the process's resource limits and
+then ``exec``\\ s the real kernel command, so the kernel (and every process it starts, which
+inherit them) runs under:
 
 - ``RLIMIT_DATA``: its writable memory (heap, ``mmap``'d tensors, thread stacks), in bytes. A
   larger allocation fails in the kernel (``MemoryError``, or torch's "can't allocate memory")
@@ -45,6 +46,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import grader
+
 #: prctl option (linux/prctl.h)
 PR_SET_CHILD_SUBREAPER = 36
 #: unshare(2) and mount(2) flags (linux/sched.h, linux/mount.h), prctl's PR_SET_PDEATHSIG
@@ -67,7 +70,7 @@ PASSED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "LD_LIBR
 
 
 #: the kernel's message packer (``--Session.packer``): :func:`json_packer`
-PACKER = "grader.sandbox.json_packer"
+PACKER = "grader.judge.sandbox.json_packer"
 
 
 def json_packer(obj) -> bytes:
@@ -109,7 +112,7 @@ class Limits:
         isolated = [f"--hide={h}" for h in self.hide]
         isolated += [f"--writable={w}" for w in self.writable] if self.hide else []
         isolated += [f"--user={self.user[0]}:{self.user[1]}"] if self.user else []
-        return [sys.executable, "-m", "grader.sandbox", "--memory", str(self.memory),
+        return [sys.executable, "-m", "grader.judge.sandbox", "--memory", str(self.memory),
                 "--cpu", str(self.cpu), "--file-size", str(self.file_size), *isolated, "--",
                 *kernel_argv]
 
@@ -169,7 +172,7 @@ def kernel_env(home: Path, threads: int | None = None) -> dict[str, str]:
     that run at once (``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS``, unless the grader's own
     environment sets them; ``TORCHINDUCTOR_COMPILE_THREADS``, Inductor's compile workers: with 1
     it compiles in the kernel, without starting a pool of worker processes)."""
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(grader.ROOT)
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     tmp = home / "tmp"
@@ -356,7 +359,7 @@ def _become(uid: int, gid: int, command: list[str]) -> None:
 
 
 def _main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m grader.sandbox",
+    parser = argparse.ArgumentParser(prog="python -m grader.judge.sandbox",
                                      description="run a command under the grader's limits")
     parser.add_argument("--memory", type=int, required=True, help="bytes of writable memory")
     parser.add_argument("--cpu", type=int, required=True, help="CPU seconds")

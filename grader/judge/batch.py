@@ -20,9 +20,10 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Callable, Iterator
 
+import grader
 from grader import notebook
 from grader.errors import GraderError
-from grader.grade import fingerprint, grade_notebook, record_failure
+from grader.judge.grade import fingerprint, grade_notebook, record_failure
 from grader.labs import lab_ids, lab_of, plain_stem
 from grader.results import LabResult, read_verified
 
@@ -257,10 +258,10 @@ def grade_all(subs: list[Submission], out_dir: Path, *, device: str, seed: int,
     temporary folder, each kernel with its share of the CPU cores (threads: cores // jobs);
     ``assigned`` is the lab the batch assigns (see :func:`assigned_lab`);
     ``allow_torch_mismatch``: grade under a torch other than the pinned release (see
-    :func:`grader.grade.grade_notebook`);
+    :func:`grader.judge.grade.grade_notebook`);
     ``on_outcome`` (per exercise) is called only when grading runs in this process (one job,
     or one notebook to grade)."""
-    hide = hand_in_folders(subs, Path(__file__).resolve().parent.parent)
+    hide = hand_in_folders(subs, grader.ROOT)
     todo = []
     for sub in subs:
         old = None if force else previous(out_dir, sub, fingerprint(

@@ -45,19 +45,20 @@ class Assembled:
 def grade_source(exercise_id: str, seed: int, device: str) -> str:
     """The source of the grader's check cell for ``exercise_id``: for an exercise the grader
     judges in its own process, a comment (the cell's place is where the judge's probes run,
-    each as a cell of its own: ``grader.execute``); for one still ``judged_in_kernel``, the
+    each as a cell of its own: ``grader.judge.execute``); for one still ``judged_in_kernel``, the
     in-kernel checks."""
     from grader.checks import judged_in_kernel
 
     if not judged_in_kernel(exercise_id):
         return f"# {exercise_id} is judged by the grader, in its own process: its probes run here"
-    return ("from grader.selfcheck import grade as _grade\n"
+    return ("from grader.kernel.selfcheck import grade as _grade\n"
             f"_grade({exercise_id!r}, seed={seed!r}, device={device!r})")
 
 
 def prologue_source(lab_id: str) -> str:
-    """The source of the grader's first cell: arm the kernel's guard (see :mod:`grader.guard`)."""
-    return f"from grader.guard import arm as _arm\n_arm({lab_id!r})"
+    """The source of the grader's first cell: arm the kernel's guard
+    (see :mod:`grader.kernel.guard`)."""
+    return f"from grader.kernel.guard import arm as _arm\n_arm({lab_id!r})"
 
 
 def _learner_cell(cell: NotebookNode) -> NotebookNode:

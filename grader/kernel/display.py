@@ -18,6 +18,8 @@ import sys
 import tempfile
 from typing import Any, Iterable, Sequence
 
+import grader
+
 #: HTML style shared by every rich display: words wrap at their boundaries, never inside
 _WRAP = "white-space:pre-wrap;overflow-wrap:anywhere;word-break:normal"
 
@@ -28,7 +30,7 @@ def _prefixes() -> tuple[str, ...]:
     the course's installs), the temp folder, the project's build folder and root."""
     import sysconfig
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(grader.ROOT)
     found = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
              tempfile.gettempdir(), os.path.join(root, "build"), root}
     return tuple(sorted((p.rstrip("/") + "/" for p in found if p), key=len, reverse=True))

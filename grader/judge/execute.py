@@ -7,10 +7,10 @@ each part runs under its exercise's time limit; a timeout interrupts the kernel 
 on; a dead (or unresponsive) kernel costs that exercise only: a fresh kernel replays the earlier
 parts and grading resumes at the next exercise. Every exercise gets an :class:`Outcome`.
 
-Each kernel starts in the run's own working folder under the limits of :mod:`grader.sandbox`;
+Each kernel starts in the run's own working folder under the limits of :mod:`grader.judge.sandbox`;
 its stored output is capped (per cell and per notebook); errors are read from the kernel's
 execute replies (which a learner cannot restyle, unlike the displayed traceback); and a verdict
-counts only when it carries the run key's seal (:mod:`grader.guard`).
+counts only when it carries the run key's seal (:mod:`grader.kernel.guard`).
 """
 from __future__ import annotations
 
@@ -37,11 +37,12 @@ from papermill.engines import Engine, papermill_engines
 from traitlets import Int, List, Unicode
 from traitlets.config import Config
 
-from grader import guard, notebook, probe
+from grader import notebook
+from grader.kernel import guard, probe
 from grader.checks import (Answer, AnswerError, CheckFailure, ProbeLost, Verdict, explain,
                            judged_in_kernel, out_of_memory, run_checks)
-from grader.sandbox import PACKER, Limits, kernel_env
-from grader.selfcheck import VERDICT_MIME
+from grader.judge.sandbox import PACKER, Limits, kernel_env
+from grader.kernel.selfcheck import VERDICT_MIME
 
 #: seconds a cell outside any exercise (after the last grade cell) may run
 EPILOGUE_CELL_TIMEOUT = 120
@@ -56,8 +57,8 @@ SAVE_EVERY_S = 5.0
 
 
 class SandboxKernelManager(AsyncKernelManager):
-    """A kernel manager that starts its kernel under :class:`grader.sandbox.Limits` (``memory``
-    bytes, ``cpu`` seconds, as ``user`` "uid:gid" with ``hide`` hidden and all but
+    """A kernel manager that starts its kernel under :class:`grader.judge.sandbox.Limits`
+    (``memory`` bytes, ``cpu`` seconds, as ``user`` "uid:gid" with ``hide`` hidden and all but
     ``writable`` read-only), whatever the kernelspec says."""
 
     memory = Int(4 << 30, help="bytes of writable memory the kernel may use").tag(config=True)
@@ -484,8 +485,8 @@ class _Interrupted(ProbeLost):
 
 class _KernelAnswer(Answer):
     """The learner's answer in the kernel, as the judge calls it: each probe is a request file
-    (plain data), a cell that runs :func:`grader.probe.serve` on it in the kernel, within what
-    is left of the exercise's time limit, and a reply file read back as plain data (run
+    (plain data), a cell that runs :func:`grader.kernel.probe.serve` on it in the kernel, within
+    what is left of the exercise's time limit, and a reply file read back as plain data (run
     folder's ``home/probe``, outside the kernel's working folder). The probe cell's own output
     (whatever the answer prints) is not kept."""
 
@@ -501,10 +502,10 @@ class _KernelAnswer(Answer):
 
     def strays(self, when: str) -> str:
         """What the kernel's guard finds running that the answer left behind, in words (its
-        :func:`grader.selfcheck.report_strays`), or ""."""
+        :func:`grader.kernel.selfcheck.report_strays`), or ""."""
         self.count += 1
         report = self.folder / f"{self.count}.strays"
-        self._cell(f"__import__('grader.selfcheck').selfcheck.report_strays("
+        self._cell(f"__import__('grader.kernel.selfcheck').kernel.selfcheck.report_strays("
                    f"{str(report)!r}, {when!r})")
         try:
             fd = os.open(report, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -537,7 +538,7 @@ class _KernelAnswer(Answer):
         request.write_bytes(probe.encode({
             "answer": self.name, "probe": probe_name, "args": list(args), "kwargs": kwargs,
             "seed": self.seed, "reply": str(reply)}))
-        self._cell(f"__import__('grader.probe').probe.serve({str(request)!r})")
+        self._cell(f"__import__('grader.kernel.probe').kernel.probe.serve({str(request)!r})")
         try:  # (the kernel owns the folder: never follow a link, never wait on a pipe)
             fd = os.open(reply, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:

@@ -1,4 +1,4 @@
-"""Report formats (grader.exports): each a view of the JSON results, read as "given these
+"""Report formats (grader.reports): each a view of the JSON results, read as "given these
 results, this report". Results are built in code (one of each status, a skipped CUDA exercise,
 a notebook that could not be graded at all) plus one real toy submission graded in a kernel,
 whose executed notebook supplies the answer-cell outputs."""
@@ -15,12 +15,15 @@ import nbformat
 import pytest
 from junitparser.xunit2 import JUnitXml
 
-from grader import exports, notebook
-from grader.exports import (Graded, class_summary, feedback_html, feedback_markdown,
-                            gradebook_rows, gradescope_results, junit_xml, load_graded,
-                            summary_html, write_gradebook_csv, write_gradescope_json,
-                            write_junit_xml, write_reports)
-from grader.grade import grade_notebook
+from grader import notebook
+from grader.reports import feedback, write_reports
+from grader.reports.feedback import feedback_html, feedback_markdown
+from grader.reports.gradebook import gradebook_rows, write_gradebook_csv
+from grader.reports.graded import Graded, load_graded
+from grader.reports.gradescope import gradescope_results, write_gradescope_json
+from grader.reports.junit import junit_xml, write_junit_xml
+from grader.reports.summary import class_summary, summary_html
+from grader.judge.grade import grade_notebook
 from grader.results import Environment, ExerciseResult, LabResult
 from tests.conftest import FIXTURES, ROOT
 
@@ -330,11 +333,11 @@ def test_outputs_are_capped(tmp_path, erin):
                     for _ in range(30)]
     path = tmp_path / "big.executed.ipynb"
     notebook.write(nb, path)
-    outputs, note = exports.answer_outputs(path)
+    outputs, note = feedback.answer_outputs(path)
     assert note is None
     shown = outputs["toy.add"]
-    assert len(shown) == exports.MAX_OUTPUTS + 1 and shown[-1].text == "(more outputs not shown)"
-    assert len(shown[0].text) < exports.MAX_TEXT_CHARS + 100 and "more characters" in shown[0].text
+    assert len(shown) == feedback.MAX_OUTPUTS + 1 and shown[-1].text == "(more outputs not shown)"
+    assert len(shown[0].text) < feedback.MAX_TEXT_CHARS + 100 and "more characters" in shown[0].text
     broken = tmp_path / "broken.executed.ipynb"
     broken.write_text("{ not json")
     g = Graded("b", "b", erin.result, broken)
@@ -354,7 +357,7 @@ def test_outputs_name_no_folder_of_the_grading_machine(tmp_path, erin):
         "/grade-k2j4/work/data.csv\n")]
     path = tmp_path / "paths.executed.ipynb"
     notebook.write(nb, path)
-    text = exports.answer_outputs(path)[0]["toy.add"][0].text
+    text = feedback.answer_outputs(path)[0]["toy.add"][0].text
     assert "<site-packages>/IPython/core/interactiveshell.py:3831: UserWarning" in text
     assert "<course>/labs/x.py and <run>/work/data.csv" in text
     assert site not in text and str(ROOT) not in text
@@ -458,7 +461,7 @@ def test_feedback_shows_outputs_of_cells_the_learner_added_under_the_next_graded
     nb.cells.append(_added_cell("print('the end')", "after every exercise"))
     path = tmp_path / "added.executed.ipynb"
     notebook.write(nb, path)
-    outputs, note = exports.answer_outputs(path)
+    outputs, note = feedback.answer_outputs(path)
     assert note is None
     add = outputs["toy.add"]
     assert add[0].text == "hello from add <b>bold</b>" and add[0].cell == ""  # the answer first
@@ -499,14 +502,14 @@ def test_outputs_of_added_cells_alone_are_shown_and_count_toward_the_caps(tmp_pa
     notebook.write(nb, path)
     for text in (feedback_markdown(quiet), feedback_html(quiet)):
         assert "showed no output" not in text and "line 0" in text
-    shown = exports.answer_outputs(path)[0]["toy.add"]
-    assert len(shown) == exports.MAX_OUTPUTS + 1 and shown[-1].text == "(more outputs not shown)"
+    shown = feedback.answer_outputs(path)[0]["toy.add"]
+    assert len(shown) == feedback.MAX_OUTPUTS + 1 and shown[-1].text == "(more outputs not shown)"
 
 
 def test_a_learner_name_a_spreadsheet_would_run_as_a_formula_is_written_as_text(tmp_path):
     names = ["=HYPERLINK(1)", "+1+2", "@SUM(A1)", "-x", "alice"]
     graded = [Graded(f"r{i}", name, ALICE_TOY) for i, name in enumerate(names)]
-    exports.write_gradebook_csv(graded, tmp_path / "book.csv")
+    write_gradebook_csv(graded, tmp_path / "book.csv")
     with open(tmp_path / "book.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert [r["learner"] for r in rows] == ["'=HYPERLINK(1)", "'+1+2", "'@SUM(A1)", "'-x", "alice"]

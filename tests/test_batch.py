@@ -16,7 +16,7 @@ from grader.judge.batch import find_submissions, grade_all, learner_of
 from grader.labs import load_lab
 from grader.cli import build_parser, default_out, main
 from grader.judge.grade import kernel_isolation
-from grader.results import LabResult
+from grader.results import LabResult, read_verified
 from tests.conftest import FIXTURES, ROOT
 
 RELEASE = notebook.read(FIXTURES / "notebooks" / "90_toy.ipynb")
@@ -256,7 +256,11 @@ def _three_shards_merged_report_as(unsharded: Path, subs: Path, tmp_path: Path, 
                  str(tmp_path / "m6")]) == 1
     said = capsys.readouterr().out
     assert "refused" in said and "ben-90_toy.json: its digest does not verify" in said
-    assert not (tmp_path / "m6" / "ben-90_toy.json").exists()
+    # ...and counts for nothing, with a row that says why until ben's notebook is graded again
+    ben = read_verified(tmp_path / "m6" / "ben-90_toy.json")
+    assert ben.score == 0 and ben.learner == "ben" and "digest does not verify" in ben.error
+    book = (tmp_path / "m6" / "gradebook.csv").read_text()
+    assert book.count("\n") == 5 and "grade this notebook again" in book
     # a lost shard, or one stopped mid-way, is named (the reports are written); so are
     # shards of two splits
     assert main(["merge", str(shards[0]), str(shards[2]), "--out", str(tmp_path / "m3")]) == 1

@@ -186,8 +186,11 @@ def merge_shards(dirs: list[Path], out: Path) -> tuple[list[str], list[str]]:
     ``out``: each ``<name>.json`` that is a result whose digest verifies under its folder's key
     (written there by the grader: :func:`grader.results.read_verified`), with its
     ``<name>.executed.ipynb``; return (the names copied, sorted; the paths of results refused
-    because their digest does not verify). Results already in ``out`` stay (a name in both is
-    replaced).
+    because their digest does not verify). A refused result whose name has no verified copy in
+    another folder is replaced in ``out`` by a result of its lab that scores 0 and says why
+    (:func:`grader.judge.grade.record_failure`; its learner and lab as the refused file names
+    them), so its learner keeps a gradebook row until that notebook is graded again. Results
+    already in ``out`` stay (a name in both is replaced).
 
     Raises GraderError, before copying anything, for a folder that does not exist, folders
     that hold no result, or one name with two different results (shards of two batches, or of
@@ -203,7 +206,7 @@ def merge_shards(dirs: list[Path], out: Path) -> tuple[list[str], list[str]]:
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # not a result
             if (result := read_verified(path)) is None:
-                refused.append(str(path))
+                refused.append(path)
                 continue
             name = path.name.removesuffix(".json")
             if name in found and found[name][1].to_dict() != result.to_dict():
@@ -222,7 +225,17 @@ def merge_shards(dirs: list[Path], out: Path) -> tuple[list[str], list[str]]:
         executed = path.with_name(f"{name}.executed.ipynb")
         if executed.is_file() and executed.resolve() != (out / executed.name).resolve():
             shutil.copyfile(executed, out / executed.name)
-    return sorted(found), refused
+    for path in refused:
+        name = path.name.removesuffix(".json")
+        if name not in found:
+            claimed = LabResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
+            env = claimed.environment
+            record_failure(Path(claimed.notebook), out, name=name, learner=claimed.learner,
+                           device=env.device, seed=env.seed, assigned=claimed.lab,
+                           reason=f"its result in {path.parent} was changed after the grader "
+                                  "wrote it (its digest does not verify), so it counts for "
+                                  "nothing: grade this notebook again")
+    return sorted(found), [str(p) for p in refused]
 
 
 def _grade_one(sub: Submission, out_dir: Path, device: str, seed: int,

@@ -21,7 +21,7 @@ from torch import nn
 
 from grader.checks import CheckFailure, check
 from labs.distributed import probes
-from labs.distributed.launch import run
+from labs.distributed.launch import ahead
 from labs.distributed.models import Crossed, build, mlp
 
 EXERCISE = "distributed.ddp-buckets"
@@ -55,8 +55,9 @@ def _record(model: nn.Module, sample: torch.Tensor, cap) -> dict:
 
 
 def _compare(predict_buckets, spec: dict, sample: torch.Tensor, cap, what: str) -> None:
-    real = run(_record, 2, build(spec), sample, cap, echo=False)[0]
+    oracle = ahead(_record, 2, build(spec), sample, cap, echo=False)
     got = predict_buckets.probe(probes.ddp_buckets, spec, sample, cap)
+    real = oracle.result()[0]
     if not isinstance(got, dict) or set(got) != {"first", "rebuilt"}:
         raise CheckFailure(f"for {what}, predict_buckets returned {type(got).__name__} "
                            f"{sorted(got) if isinstance(got, dict) else ''}; return a dict with "

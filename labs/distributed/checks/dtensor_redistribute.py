@@ -23,7 +23,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 from grader.checks import AnswerError, CheckFailure, check
 from labs.distributed import probes
-from labs.distributed.launch import run
+from labs.distributed.launch import ahead
 from labs.distributed.probes import (
     comm_counts,
     describe,
@@ -75,13 +75,14 @@ def _oracle(seed: int, cases: list, shape: list) -> list[dict]:
 
 def _judge(redistribute, seed: int, cases: dict, shape: list) -> None:
     plain = _plain(cases)
+    oracle = ahead(_oracle, 4, seed, plain, shape, echo=False)
     seen = redistribute.probe(probes.redistribute, seed, plain, shape)
     if "failed" in seen:
         raise CheckFailure(seen["failed"])
     if "failure" in seen:
         raise AnswerError(seen["failure"])
     ranks = seen["ranks"]
-    wanted = run(_oracle, 4, seed, plain, shape, echo=False)
+    wanted = oracle.result()
     flat = [(mesh_shape, src, dst) for mesh_shape, pairs in plain for src, dst in pairs]
     for i, (mesh_shape, src, dst) in enumerate(flat):
         for rank in range(4):

@@ -31,7 +31,7 @@ from torch.distributed.tensor import DTensor
 
 from grader.checks import CheckFailure, check
 from labs.distributed import probes
-from labs.distributed.launch import run
+from labs.distributed.launch import ahead
 from labs.distributed.models import Stack, build
 
 EXERCISE = "distributed.fsdp-memory"
@@ -83,11 +83,13 @@ def _measure_each(model: Stack) -> dict:
 
 
 def _compare(fsdp_memory, spec: dict, world_size: int, what: str) -> None:
-    measured = run(_measure_each, world_size, build(spec), echo=False)
-    for reshard in (None, True, False):
+    oracle = ahead(_measure_each, world_size, build(spec), echo=False)
+    answers = {reshard: fsdp_memory.probe(probes.fsdp_memory, spec, world_size, reshard)
+               for reshard in (None, True, False)}
+    measured = oracle.result()
+    for reshard, got in answers.items():
         real = [m[reshard] for m in measured]
         call = f"fsdp_memory(model, {world_size}, reshard_after_forward={reshard})"
-        got = fsdp_memory.probe(probes.fsdp_memory, spec, world_size, reshard)
         if not isinstance(got, dict) or set(got) != set(KEYS):
             raise CheckFailure(f"for {what}, {call} returned "
                                f"{sorted(got) if isinstance(got, dict) else type(got).__name__}"

@@ -1212,3 +1212,171 @@ def scaled_tensor(ScaledTensor, check: str, seed: int) -> dict:
         if "fn_raised" in cases[-1]:
             break
     return {"class": facts, "cases": cases}
+
+
+# ------------------------------------------------------------------------ dispatcher.functionalize
+#: programs the judge sends are compiled under this name, so tracebacks through them count as the
+#: course's own (a program is the judge's input, not the learner's code)
+PROGRAM_FILE = str(__import__("pathlib").Path(__file__).with_name("<program>"))
+
+
+def compile_program(source: str):
+    """The function ``fn`` that ``source`` (``def fn(...): ...``) defines, with ``torch`` in
+    scope."""
+    import torch
+
+    namespace = {"torch": torch}
+    exec(compile(source, PROGRAM_FILE, "exec"), namespace)  # noqa: S102
+    return namespace["fn"]
+
+
+class _Off(RuntimeError):
+    """Raised by PyTorch's own functionalization while the probe has it switched off."""
+
+
+@contextlib.contextmanager
+def _functionalization_off(called: list):
+    """Replace the ways into PyTorch's own functionalization (``torch.func.functionalize``,
+    functorch's ``_wrap_functional_tensor``, ``torch._to_functional_tensor``,
+    ``FunctionalTensorMode``) by functions that append their name to ``called`` and raise
+    :class:`_Off`; put them back on the way out."""
+    import torch
+    import torch._functorch.eager_transforms as eager
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+    def refuse(what):
+        def refused(*args, **kwargs):
+            called.append(what)
+            raise _Off(f"{what} is switched off while the check runs your answer")
+        return refused
+
+    saved = []
+    try:
+        for owner, attr, what in (
+                (torch.func, "functionalize", "torch.func.functionalize"),
+                (eager, "functionalize", "torch.func.functionalize"),
+                (eager, "_wrap_functional_tensor", "torch.func.functionalize"),
+                (torch._C._functorch, "_wrap_functional_tensor", "_wrap_functional_tensor"),
+                (torch, "_to_functional_tensor", "torch._to_functional_tensor"),
+                (FunctionalTensorMode, "__init__", "FunctionalTensorMode")):
+            saved.append((owner, attr, getattr(owner, attr)))
+            setattr(owner, attr, refuse(what))
+        yield
+    finally:
+        for owner, attr, original in reversed(saved):
+            setattr(owner, attr, original)
+
+
+def _shares(a, b) -> bool:
+    """Whether tensors ``a`` and ``b`` share memory (a view and its base, or one tensor twice)."""
+    sa, sb = a.untyped_storage(), b.untyped_storage()
+    return sa.nbytes() > 0 and sa.data_ptr() == sb.data_ptr()
+
+
+def _below(inputs):
+    """A TorchDispatchMode, entered before the answer's ``g`` runs (so below any mode it enters),
+    that records each operator reaching it on plain tensors, as plain data: ``{"op": its name,
+    "schema": its schema as a string, "functionalize": whether Functionalize is in the
+    thread-local include set, "into": the index of the input of ``inputs`` that is its first
+    argument (None when none is), "shares": whether an output shares memory with a tensor
+    argument, "unknown": the shapes of the tensors it read that are neither inputs nor outputs
+    of an earlier recorded operator}``. An operator with a tensor-subclass argument is left to
+    the subclass (``NotImplemented``: what it runs on plain tensors comes back here); one on
+    meta tensors only is not recorded."""
+    import torch
+    from torch.utils import _pytree as pytree
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Below(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.inputs = list(inputs)
+            self.known = {id(t): t for t in inputs}   # (kept alive, so ids are not reused)
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            flat = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            if any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in flat):
+                return NotImplemented
+            out = func(*args, **kwargs)
+            outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+            if all(t.device.type == "meta" for t in flat + outs):
+                return out
+            first = args[0] if args else None
+            self.ops.append({
+                "op": str(func), "schema": str(func._schema),
+                "functionalize": torch._C._dispatch_tls_is_dispatch_key_included(
+                    torch._C.DispatchKey.Functionalize),
+                "into": next((i for i, t in enumerate(self.inputs) if first is t), None),
+                "shares": any(_shares(o, t) for o in outs for t in flat),
+                "unknown": [list(t.shape) for t in flat if id(t) not in self.known]})
+            for t in outs:
+                self.known[id(t)] = t
+            return out
+
+    return Below()
+
+
+def _returned(out, known: dict) -> dict:
+    """What ``g`` returned: ``{"type": its type's name, "seq": whether it is a tuple or list,
+    "items": tensor_entry of each item (of ``out`` itself when not a sequence), "known": for
+    each, whether it is an input or an output of a recorded operator}``."""
+    seq = isinstance(out, (tuple, list))
+    items = list(out) if seq else [out]
+    return {"type": type(out).__name__, "seq": seq, "items": [tensor_entry(t) for t in items],
+            "known": [id(t) in known for t in items]}
+
+
+def _functionalized_one(functionalize, source: str, args: list) -> dict:
+    """One program of :func:`functionalized`."""
+    import torch
+
+    from grader.checks import raised
+
+    fn = compile_program(source)
+    inputs = [t.t() if how == "t" else t for t, how in args]
+    below = _below(inputs)
+    called: list = []
+    seen: dict = {"refused": called}
+    with _functionalization_off(called):
+        try:
+            g = functionalize(fn)
+        except Exception as exc:
+            return {**seen, "raised": raised(exc)}
+        if not callable(g):
+            return {**seen, "not_callable": type(g).__name__}
+        depth = torch._C._len_torch_dispatch_stack()
+        out, seen["g_raised"] = None, None
+        with below:
+            try:
+                out = g(*inputs)
+            except Exception as exc:
+                seen["g_raised"] = raised(exc)
+            finally:
+                seen["left"] = torch._C._len_torch_dispatch_stack() - depth - 1
+                for _ in range(max(seen["left"], 0)):
+                    torch._C._pop_torch_dispatch_stack()
+    seen["ops"] = below.ops
+    if seen["g_raised"] is None:
+        seen["out"] = _returned(out, below.known)
+        seen["args"] = [tensor_entry(t) for t in inputs]
+    return seen
+
+
+@probe
+def functionalized(functionalize, programs: list) -> list:
+    """Each ``[source, args]`` of ``programs`` (``source`` defines ``fn``; ``args`` are
+    ``[tensor, "t" or ""]``, "t" for an argument passed transposed), as far as they get:
+    ``g = functionalize(fn)`` with PyTorch's functionalization switched off, then ``g(*args)``
+    under the recording mode of :func:`_below`. One dict per program: "refused" (the switched-off
+    entry points the answer called), then "raised" (functionalize(fn) raised: the last program),
+    "not_callable" (the type of what it returned), or "g_raised" (None, or the record of what
+    g raised), "left" (dispatch modes g left on the stack), "ops" (see :func:`_below`) and, when
+    g returned, "out" (see :func:`_returned`) and "args" (the arguments afterwards)."""
+    runs = []
+    for source, args in programs:
+        runs.append(_functionalized_one(functionalize, source, args))
+        if "raised" in runs[-1]:
+            break
+    return runs

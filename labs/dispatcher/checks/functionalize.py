@@ -331,7 +331,7 @@ def _judge(case: _Case, seen) -> None:
         gots, known = [{"type": out["type"], "tensor": False}], [True]
     else:
         gots, known = out["items"], out["known"]
-    for k, ((mine, made), ref) in enumerate(paired(list(zip(gots, known)), wants, "outputs")):
+    for k, (ref, (mine, made)) in enumerate(paired(wants, list(zip(gots, known)), "outputs")):
         what = f"output {k}" if len(wants) > 1 else "the output"
         _compare(mine, ref, what, where,
                  "A write through a view must show in its base and in every other view of that "

@@ -1212,3 +1212,386 @@ def scaled_tensor(ScaledTensor, check: str, seed: int) -> dict:
         if "fn_raised" in cases[-1]:
             break
     return {"class": facts, "cases": cases}
+
+
+# ------------------------------------------------------------------------ dispatcher.functionalize
+#: programs the judge sends are compiled under this name, so tracebacks through them count as the
+#: course's own (a program is the judge's input, not the learner's code)
+PROGRAM_FILE = str(__import__("pathlib").Path(__file__).with_name("<program>"))
+
+
+def compile_program(source: str):
+    """The function ``fn`` that ``source`` (``def fn(...): ...``) defines, with ``torch`` in
+    scope."""
+    import torch
+
+    namespace = {"torch": torch}
+    exec(compile(source, PROGRAM_FILE, "exec"), namespace)  # noqa: S102
+    return namespace["fn"]
+
+
+class _Off(RuntimeError):
+    """Raised by PyTorch's own functionalization while the probe has it switched off."""
+
+
+@contextlib.contextmanager
+def _functionalization_off(called: list):
+    """Replace the ways into PyTorch's own functionalization (``torch.func.functionalize``,
+    functorch's ``_wrap_functional_tensor``, ``torch._to_functional_tensor``,
+    ``FunctionalTensorMode``) by functions that append their name to ``called`` and raise
+    :class:`_Off`; put them back on the way out."""
+    import torch
+    import torch._functorch.eager_transforms as eager
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+    def refuse(what):
+        def refused(*args, **kwargs):
+            called.append(what)
+            raise _Off(f"{what} is switched off while the check runs your answer")
+        return refused
+
+    saved = []
+    try:
+        for owner, attr, what in (
+                (torch.func, "functionalize", "torch.func.functionalize"),
+                (eager, "functionalize", "torch.func.functionalize"),
+                (eager, "_wrap_functional_tensor", "torch.func.functionalize"),
+                (torch._C._functorch, "_wrap_functional_tensor", "_wrap_functional_tensor"),
+                (torch, "_to_functional_tensor", "torch._to_functional_tensor"),
+                (FunctionalTensorMode, "__init__", "FunctionalTensorMode")):
+            saved.append((owner, attr, getattr(owner, attr)))
+            setattr(owner, attr, refuse(what))
+        yield
+    finally:
+        for owner, attr, original in reversed(saved):
+            setattr(owner, attr, original)
+
+
+def _shares(a, b) -> bool:
+    """Whether tensors ``a`` and ``b`` share memory (a view and its base, or one tensor twice)."""
+    sa, sb = a.untyped_storage(), b.untyped_storage()
+    return sa.nbytes() > 0 and sa.data_ptr() == sb.data_ptr()
+
+
+def _below(inputs):
+    """A TorchDispatchMode, entered before the answer's ``g`` runs (so below any mode it enters),
+    that records each operator reaching it on plain tensors, as plain data: ``{"op": its name,
+    "schema": its schema as a string, "functionalize": whether Functionalize is in the
+    thread-local include set, "into": the index of the input of ``inputs`` that is its first
+    argument (None when none is), "shares": whether an output shares memory with a tensor
+    argument, "unknown": the shapes of the tensors it read that are neither inputs nor outputs
+    of an earlier recorded operator}``. An operator with a tensor-subclass argument is left to
+    the subclass (``NotImplemented``: what it runs on plain tensors comes back here); one on
+    meta tensors only is not recorded."""
+    import torch
+    from torch.utils import _pytree as pytree
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Below(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.inputs = list(inputs)
+            self.known = {id(t): t for t in inputs}   # (kept alive, so ids are not reused)
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            flat = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            if any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in flat):
+                return NotImplemented
+            out = func(*args, **kwargs)
+            outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+            if all(t.device.type == "meta" for t in flat + outs):
+                return out
+            first = args[0] if args else None
+            self.ops.append({
+                "op": str(func), "schema": str(func._schema),
+                "functionalize": torch._C._dispatch_tls_is_dispatch_key_included(
+                    torch._C.DispatchKey.Functionalize),
+                "into": next((i for i, t in enumerate(self.inputs) if first is t), None),
+                "shares": any(_shares(o, t) for o in outs for t in flat),
+                "unknown": [list(t.shape) for t in flat if id(t) not in self.known]})
+            for t in outs:
+                self.known[id(t)] = t
+            return out
+
+    return Below()
+
+
+def _returned(out, known: dict) -> dict:
+    """What ``g`` returned: ``{"type": its type's name, "seq": whether it is a tuple or list,
+    "items": tensor_entry of each item (of ``out`` itself when not a sequence), "known": for
+    each, whether it is an input or an output of a recorded operator}``."""
+    seq = isinstance(out, (tuple, list))
+    items = list(out) if seq else [out]
+    return {"type": type(out).__name__, "seq": seq, "items": [tensor_entry(t) for t in items],
+            "known": [id(t) in known for t in items]}
+
+
+def _functionalized_one(functionalize, source: str, args: list) -> dict:
+    """One program of :func:`functionalized`."""
+    import torch
+
+    from grader.checks import raised
+
+    fn = compile_program(source)
+    inputs = [t.t() if how == "t" else t for t, how in args]
+    below = _below(inputs)
+    called: list = []
+    seen: dict = {"refused": called}
+    with _functionalization_off(called):
+        try:
+            g = functionalize(fn)
+        except Exception as exc:
+            return {**seen, "raised": raised(exc)}
+        if not callable(g):
+            return {**seen, "not_callable": type(g).__name__}
+        depth = torch._C._len_torch_dispatch_stack()
+        out, seen["g_raised"] = None, None
+        with below:
+            try:
+                out = g(*inputs)
+            except Exception as exc:
+                seen["g_raised"] = raised(exc)
+            finally:
+                seen["left"] = torch._C._len_torch_dispatch_stack() - depth - 1
+                for _ in range(max(seen["left"], 0)):
+                    torch._C._pop_torch_dispatch_stack()
+    seen["ops"] = below.ops
+    if seen["g_raised"] is None:
+        seen["out"] = _returned(out, below.known)
+        seen["args"] = [tensor_entry(t) for t in inputs]
+    return seen
+
+
+@probe
+def functionalized(functionalize, programs: list) -> list:
+    """Each ``[source, args]`` of ``programs`` (``source`` defines ``fn``; ``args`` are
+    ``[tensor, "t" or ""]``, "t" for an argument passed transposed), as far as they get:
+    ``g = functionalize(fn)`` with PyTorch's functionalization switched off, then ``g(*args)``
+    under the recording mode of :func:`_below`. One dict per program: "refused" (the switched-off
+    entry points the answer called), then "raised" (functionalize(fn) raised: the last program),
+    "not_callable" (the type of what it returned), or "g_raised" (None, or the record of what
+    g raised), "left" (dispatch modes g left on the stack), "ops" (see :func:`_below`) and, when
+    g returned, "out" (see :func:`_returned`) and "args" (the arguments afterwards)."""
+    runs = []
+    for source, args in programs:
+        runs.append(_functionalized_one(functionalize, source, args))
+        if "raised" in runs[-1]:
+            break
+    return runs
+
+
+# ------------------------------------------------------------------------ dispatcher.privateuse1
+#: PrivateUse1's name until a process renames it (c10/core/DeviceType.cpp)
+DEFAULT_BACKEND_NAME = "privateuseone"
+_HOOKS: dict = {"hooks": None}
+
+
+def _hooks():
+    """PrivateUse1 hooks and a device guard, registered once per process (a second registration
+    is refused by torch and returns False); available only while a probe runs the backend."""
+    import torch
+
+    if _HOOKS["hooks"] is None:
+        class Hooks(torch._C._acc.PrivateUse1Hooks):
+            active = False
+
+            def is_available(self):
+                return Hooks.active
+
+            def has_primary_context(self, device_index):
+                return True
+
+            def is_built(self):
+                return True
+
+        class Guard(torch._C._acc.DeviceGuard):
+            def type_(self):
+                return torch._C._autograd.DeviceType.PrivateUse1
+
+        _HOOKS["hooks"] = (Hooks, Hooks(), Guard())
+        torch._C._acc.register_python_privateuseone_hook(_HOOKS["hooks"][1])
+        torch._C._acc.register_python_privateuseone_device_guard(_HOOKS["hooks"][2])
+    return _HOOKS["hooks"][0]
+
+
+class _DeviceModule:
+    """The minimal ``torch.<backend>`` module torch asks a PrivateUse1 backend for."""
+
+    @staticmethod
+    def is_available():
+        return True
+
+    @staticmethod
+    def is_initialized():
+        return True
+
+    @staticmethod
+    def device_count():
+        return 1
+
+    @staticmethod
+    def current_device():
+        return 0
+
+    @staticmethod
+    def _is_in_bad_fork():
+        return False
+
+    @staticmethod
+    def manual_seed_all(seed):
+        pass
+
+
+@contextlib.contextmanager
+def backend_usable():
+    """Make the PrivateUse1 device usable (a device module ``torch.<name>`` when absent, the
+    hooks reporting it available) and yield its name; afterwards the module is removed again and
+    the hooks report "not available". What the answer registers (its kernels) is not here."""
+    import sys
+
+    import torch
+
+    name = torch._C._get_privateuse1_backend_name()
+    added_module = not hasattr(torch, name)
+    if added_module:
+        torch._register_device_module(name, _DeviceModule())
+    Hooks = _hooks()
+    was_active, Hooks.active = Hooks.active, True
+    try:
+        yield name
+    finally:
+        Hooks.active = was_active
+        if added_module:
+            delattr(torch, name)
+            sys.modules.pop(f"torch.{name}", None)
+
+
+def _device_seen(v) -> dict:
+    """A value a step gave, as plain data: ``{"type": its type's name, "tensor": whether it is a
+    torch.Tensor, "plain": whether exactly a Tensor}``, and for a plain tensor "device" (str),
+    "device_type", "shape", "dtype" (its TensorImpl's metadata) and "value" (a copy of its values
+    when on the CPU, else None: a device tensor's values are read only by a "cpu" step)."""
+    import torch
+
+    seen = {"type": type(v).__name__, "tensor": isinstance(v, torch.Tensor),
+            "plain": type(v) in (torch.Tensor, torch.nn.Parameter)}
+    if seen["plain"]:
+        seen.update(device=str(v.device), device_type=v.device.type, shape=list(v.shape),
+                    dtype=v.dtype, value=v.detach().clone() if v.device.type == "cpu" else None)
+    return seen
+
+
+def _device_step(step: list, args: list, slots: list, name: str) -> dict:
+    """Run one step of a backend program (see :func:`backend_programs`); append its value to
+    ``slots``; return what it gave (:func:`_device_seen`)."""
+    import torch
+
+    def ref(r):
+        return {"arg": args, "slot": slots}[r[0]][r[1]] if r[0] != "num" else r[1]
+
+    kind, extra = step[0], {}
+    if kind == "empty":
+        value = torch.empty(tuple(step[1]), dtype=step[2], device=name)
+    elif kind == "to":
+        value = ref(step[1]).to(name) if step[2] is None else ref(step[1]).to(name, dtype=step[2])
+    elif kind == "astype":
+        value = ref(step[1]).to(step[2])
+    elif kind == "add":
+        a, b = ref(step[1]), ref(step[2])
+        value = a + b if step[3] is None else torch.add(a, b, alpha=step[3])
+    elif kind == "copy_":
+        dst = ref(step[1])
+        value = dst.copy_(ref(step[2]))
+        extra = {"same": value is dst}
+    elif kind == "cpu":
+        value = ref(step[1]).cpu()
+    elif kind == "t":
+        value = ref(step[1]).t()
+    elif kind == "inplace":
+        value = getattr(ref(step[1]), step[2])(step[3])
+    else:
+        raise ValueError(f"no backend step {kind!r}")
+    slots.append(value)
+    return {**_device_seen(value), **extra}
+
+
+def _backend_run(register_backend, programs: list) -> dict:
+    """:func:`backend_programs` under the process's current PrivateUse1 name."""
+    import torch
+
+    from grader.checks import raised
+
+    with backend_usable() as name:
+        reply: dict = {"name": name}
+        lib = torch.library.Library("aten", "IMPL")
+        try:
+            try:
+                returned = register_backend(lib)
+            except Exception as exc:
+                return {**reply, "raised": raised(exc)}
+            reply["returned"] = None if returned is None else {
+                "type": type(returned).__name__,
+                "library": isinstance(returned, torch.library.Library)}
+            reply["registered"] = len(lib._op_impls)
+            runs = reply["programs"] = []
+            for steps, args in programs:
+                slots: list = []
+                seen: list = []
+                try:
+                    for step in steps:
+                        seen.append(_device_step(step, args, slots, name))
+                except Exception as exc:
+                    runs.append({"raised": raised(exc), "steps": seen})
+                    break
+                runs.append(seen)
+        finally:
+            lib._destroy()
+    return reply
+
+
+def _renamed_run(register_backend, programs: list, name: str) -> dict:
+    """In a forked child: rename PrivateUse1 to ``name``, then :func:`_backend_run`."""
+    import torch
+
+    torch.set_num_threads(1)
+    torch.utils.rename_privateuse1_backend(name)
+    try:
+        torch.device(name)  # (parsed by c10: the rename took effect)
+    except RuntimeError:
+        return {"rename_failed": name}
+    return _backend_run(register_backend, programs)
+
+
+@probe
+def backend_programs(register_backend, programs: list, rename: str | None = None) -> dict:
+    """``register_backend(lib)`` on a fresh ``Library("aten", "IMPL")`` with the PrivateUse1
+    device usable (:func:`backend_usable`), then each ``[steps, args]`` of ``programs``, as far
+    as they get; the Library is destroyed afterwards. ``args`` are CPU tensors; each step makes
+    one value (slot k for step k), from references ``["arg", i]``, ``["slot", k]`` or ``["num",
+    v]``: ``["empty", shape, dtype]`` (torch.empty on the device), ``["to", r, dtype]`` (r.to
+    the device, with dtype unless None), ``["astype", r, dtype]``, ``["add", a, b, alpha]`` (a +
+    b, or torch.add with alpha unless None), ``["copy_", dst, src]``, ``["cpu", r]``, ``["t",
+    r]``, ``["inplace", r, method, number]`` (e.g. x.add_(1.0) on the CPU). Reply: ``{"name":
+    the device's name, "returned": None or {"type", "library"} (what register_backend returned),
+    "registered": how many kernels the Library holds, "programs": per program the list of what
+    each step gave (:func:`_device_seen`; a copy_ step adds "same": it returned dst), or
+    {"raised": record, "steps": what the earlier steps gave} where a step raised (the last)}``,
+    or ``{"name", "raised": record}`` when register_backend raised. With ``rename``, all of it
+    runs in a forked child with PrivateUse1 renamed to ``rename``: ``{"renamed_already": the
+    name}`` when this process has renamed it already (a child inherits the name),
+    ``{"rename_failed": rename}``, or ``{"child_error": what went wrong}``."""
+    import torch
+
+    from labs.dispatcher.forked import ChildError, run_forked
+
+    if rename is None:
+        return _backend_run(register_backend, programs)
+    current = torch._C._get_privateuse1_backend_name()
+    if current != DEFAULT_BACKEND_NAME:
+        return {"renamed_already": current}
+    try:
+        return run_forked(_renamed_run, register_backend, programs, rename)
+    except ChildError as exc:
+        return {"child_error": str(exc)}

@@ -124,11 +124,11 @@ def test_reference_passes(seed):
 
 def test_a_process_that_renamed_the_backend_is_told_why_the_check_cannot_run(monkeypatch):
     monkeypatch.setattr(torch._C, "_get_privateuse1_backend_name", lambda: "toy")
-    from grader.checks import CheckContext, CheckFailure
+    from grader.checks import CheckContext, CheckFailure, LocalAnswer
     from labs.dispatcher.checks.privateuse1 import renamed_backend
 
     with pytest.raises(CheckFailure, match="rename_privateuse1_backend call"):
-        renamed_backend(load_answer(EX), CheckContext())
+        renamed_backend(LocalAnswer(load_answer(EX), EX), CheckContext())
 
 
 def test_checks_leave_no_backend_behind(reference):
@@ -177,11 +177,16 @@ def _cpu_backend_claiming_the_device(lib):
 
 
 def test_lying_answers_would_fool_a_naive_comparison():
-    from labs.dispatcher.checks.privateuse1 import _backend as backend
+    from labs.dispatcher.probes import backend_usable
 
-    with backend(_cpu_backend_claiming_the_device) as name:
-        t = torch.empty(2, 3, device=name)
-        assert t.device.type == name and t.as_subclass(torch.Tensor).device.type == "cpu"
+    with backend_usable() as name:
+        lib = torch.library.Library("aten", "IMPL")
+        try:
+            _cpu_backend_claiming_the_device(lib)
+            t = torch.empty(2, 3, device=name)
+            assert t.device.type == name and t.as_subclass(torch.Tensor).device.type == "cpu"
+        finally:
+            lib._destroy()
 
 
 def test_lying_answers_are_refused_for_their_type():

@@ -9,43 +9,49 @@ which ``torch.func.functionalize`` leaves too, is allowed), except exactly one `
 each argument that ``fn`` mutates (and into no other), as ``torch.func.functionalize`` writes
 mutated inputs back.
 
-How: a recording ``TorchDispatchMode`` is entered before ``g`` runs, so it sits below any mode
-the answer enters and sees what that mode's kernels run (an op with a tensor-subclass argument is
-left to the subclass with ``NotImplemented``; what the subclass runs on plain tensors comes back
-to the recorder). Operators on meta tensors compute no data and are not judged. Every tensor a
-judged operator reads, and every tensor ``g`` returns, must be an argument of ``g`` or the output
-of a recorded operator (constants of at most one element, such as the scalar that
-``y[0] = 2.0`` lifts, are allowed): a value computed with the dispatch modes disabled is refused
-by that rule. PyTorch's own functionalization is switched off while the answer runs
-(``torch.func.functionalize``, ``torch._to_functional_tensor``, functorch's
-``_wrap_functional_tensor``, ``FunctionalTensorMode``), and an operator that reaches the recorder
-with ``Functionalize`` in the thread-local include set (the C++ pass, however entered) is refused.
+How: the judge sends each program's source and arguments to the learner's kernel, where
+``probes.functionalized`` calls ``functionalize(fn)`` and runs ``g`` under a recording
+``TorchDispatchMode`` entered before ``g`` runs, so it sits below any mode the answer enters and
+sees what that mode's kernels run (an op with a tensor-subclass argument is left to the subclass
+with ``NotImplemented``; what the subclass runs on plain tensors comes back to the recorder). The
+probe returns plain data only: each recorded operator's name and schema, whether its output
+shares memory with an input, which argument of ``g`` a ``copy_`` wrote into, the shapes of the
+tensors it read that no recorded operator made; ``g``'s outputs and its arguments afterwards as
+plain tensors. The judge decides from that record. Operators on meta tensors compute no data and
+are not recorded. Every tensor a judged operator reads, and every tensor ``g`` returns, must be
+an argument of ``g`` or the output of a recorded operator (constants of at most one element,
+such as the scalar that ``y[0] = 2.0`` lifts, are allowed): a value computed with the dispatch
+modes disabled is refused by that rule. PyTorch's own functionalization is switched off in the
+kernel while the answer runs (``torch.func.functionalize``, ``torch._to_functional_tensor``,
+functorch's ``_wrap_functional_tensor``, ``FunctionalTensorMode``: the probe reports any call,
+even one the answer caught), and an operator that reaches the recorder with ``Functionalize`` in
+the thread-local include set (the C++ pass, however entered) is refused.
 
-The oracle is ``fn`` itself, run eagerly on clones of the same arguments: its outputs, its
-arguments afterwards, and which arguments it wrote into (their version counters moved). Not
-``torch.func.functionalize(fn, remove="mutations_and_views")``: on 2.13 its ``contiguous()`` and
-``reshape()`` of a transposed view alias where eager copies, so it writes into an argument that
-eager leaves alone (``y = x.t().contiguous(); y.add_(1)``). Public: in-place operators on intermediates and
-inputs; writes through views (siblings, transposes, views of inputs). Hidden (seeded sizes and
-values, float32/float64): seventeen programs covering expand, chained views with steps,
-unbind/split, diagonal, masks and index_put, ``x[idx] += ...``, non-contiguous and 3-d inputs,
-int64 tensors, factories, copy_ with broadcasting and dtype change, values read before a later
-mutation, two mutated inputs, and copies (``contiguous``, ``reshape``) of transposed views.
+The oracle is ``fn`` itself, run eagerly in the grader's process on clones of the same arguments:
+its outputs, its arguments afterwards, and which arguments it wrote into (their version counters
+moved). Not ``torch.func.functionalize(fn, remove="mutations_and_views")``: on 2.13 its
+``contiguous()`` and ``reshape()`` of a transposed view alias where eager copies, so it writes into
+an argument that eager leaves alone (``y = x.t().contiguous(); y.add_(1)``). Public: in-place
+operators on intermediates and inputs; writes through views (siblings, transposes, views of
+inputs). Hidden (seeded sizes and values, float32/float64): seventeen programs covering expand,
+chained views with steps, unbind/split, diagonal, masks and index_put, ``x[idx] += ...``, non-
+contiguous and 3-d inputs, int64 tensors, factories, copy_ with broadcasting and dtype change,
+values read before a later mutation, two mutated inputs, and copies (``contiguous``, ``reshape``)
+of transposed views.
 (torch/_functorch/eager_transforms.py: functionalize; torch/_subclasses/functional_tensor.py:
 FunctionalTensorMode; aten/src/ATen/FunctionalTensorWrapper.h: FunctionalTensorWrapper.)
 """
 from __future__ import annotations
 
-import contextlib
+import math
 from collections import Counter
-from pathlib import Path
 
-from grader.checks import AnswerError, CheckFailure, check, explain, learner_line, plain_tensor
+from grader.checks import AnswerError, AnswerRaised, CheckFailure, check, explain, paired
+from labs.dispatcher import probes
 from labs.dispatcher.checks._numbers import mismatch
+from labs.dispatcher.checks._plain import tensor
 
 EXERCISE = "dispatcher.functionalize"
-#: programs are compiled under this name, so tracebacks through them count as the check's own
-_PROGRAM_FILE = str(Path(__file__).with_name("<program>"))
 OFF = ("{what} is PyTorch's own functionalization, switched off while the check runs your "
        "answer: build the mechanism yourself (a TorchDispatchMode and a wrapper tensor whose "
        "value you swap).")
@@ -174,23 +180,22 @@ _HIDDEN = [
 
 
 def _compile(source: str):
-    import torch
-
-    namespace = {"torch": torch}
-    exec(compile(source, _PROGRAM_FILE, "exec"), namespace)  # noqa: S102
-    return namespace["fn"]
+    """The program's ``fn``, compiled as the probe compiles it."""
+    return probes.compile_program(source)
 
 
 def _arguments(kinds: str, g, n: int, m: int, dtype):
-    """The arguments a program takes, drawn from ``g``, and their description."""
+    """The arguments a program takes, drawn from ``g``, as the probe receives them (``[tensor,
+    "t" or ""]``: "t" for one passed transposed), and their description."""
     import torch
 
     args, said = [], []
     for kind in kinds.split():
+        how = ""
         if kind in ("x", "b"):
             t = torch.randn(n, m, generator=g, dtype=dtype)
         elif kind == "xt":
-            t = torch.randn(m, n, generator=g, dtype=dtype).t()
+            t, how = torch.randn(m, n, generator=g, dtype=dtype), "t"
         elif kind == "x3":
             t = torch.randn(2, n, m, generator=g, dtype=dtype)
         elif kind == "idx":
@@ -199,118 +204,61 @@ def _arguments(kinds: str, g, n: int, m: int, dtype):
             t = torch.rand(n, m, generator=g) > 0.5
         else:
             t = torch.randint(-5, 6, (n, m), generator=g)
-        args.append(t)
-        note = ", not contiguous (a transpose)" if kind == "xt" else ""
-        said.append(f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)}{note}")
+        args.append([t, how])
+        shape = tuple(t.t().shape) if how else tuple(t.shape)
+        note = ", not contiguous (a transpose)" if how else ""
+        said.append(f"{str(t.dtype).removeprefix('torch.')} {shape}{note}")
     return args, said
 
 
-# --------------------------------------------------------------------------- the recorder
-@contextlib.contextmanager
-def _torch_functionalization_off():
-    """Make the ways into PyTorch's own functionalization raise CheckFailure; put them back on
-    the way out."""
+# --------------------------------------------------------------------------- the recorded ops
+def _problem(op: dict, copies: Counter) -> str | None:
+    """What is wrong with one operator the probe recorded below the answer's machinery (see the
+    module docstring), or None; counts a ``copy_`` into an argument of g in ``copies``."""
     import torch
-    import torch._functorch.eager_transforms as eager
-    from torch._subclasses.functional_tensor import FunctionalTensorMode
 
-    def refuse(what):
-        def refused(*args, **kwargs):
-            raise CheckFailure(OFF.format(what=what))
-        return refused
-
-    saved = []
-    try:
-        for owner, attr, what in (
-                (torch.func, "functionalize", "torch.func.functionalize"),
-                (eager, "functionalize", "torch.func.functionalize"),
-                (eager, "_wrap_functional_tensor", "torch.func.functionalize"),
-                (torch._C._functorch, "_wrap_functional_tensor", "_wrap_functional_tensor"),
-                (torch, "_to_functional_tensor", "torch._to_functional_tensor"),
-                (FunctionalTensorMode, "__init__", "FunctionalTensorMode")):
-            saved.append((owner, attr, getattr(owner, attr)))
-            setattr(owner, attr, refuse(what))
-        yield
-    finally:
-        for owner, attr, original in reversed(saved):
-            setattr(owner, attr, original)
-
-
-def _shares(a, b) -> bool:
-    """Whether tensors ``a`` and ``b`` share memory (a view and its base, or one tensor twice)."""
-    sa, sb = a.untyped_storage(), b.untyped_storage()
-    return sa.nbytes() > 0 and sa.data_ptr() == sb.data_ptr()
+    schema = torch._C.parse_schema(op["schema"])
+    if op["functionalize"]:
+        return OFF.format(what=f"{op['op']} ran with the Functionalize key on: that key")
+    if op["op"] == "aten.copy_.default" and op["into"] is not None:
+        copies[op["into"]] += 1
+    elif schema.is_mutable:
+        written = [a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write]
+        return (f"{op['op']} ran below your mode: it writes into its argument "
+                f"`{', '.join(written)}` (schema `{schema}`). An in-place op of fn must "
+                "reach the kernels as its out-of-place twin (add_ -> add), whose result "
+                "becomes the tensor's new value; only the final copy_ into an argument of "
+                "g may write.")
+    elif (op["op"] != "aten.lift_fresh.default" and op["shares"]
+          and any(r.alias_info is not None for r in schema.returns)):
+        return (f"{op['op']} ran below your mode and returns a view of its input (schema "
+                f"`{schema}`): the program below must not alias either. Produce the "
+                "values a view holds with an op that copies (a *_copy op, "
+                "as_strided_copy), and remember which base it views.")
+    for shape in op["unknown"]:
+        if math.prod(shape) > 1:
+            return (f"{op['op']} read a tensor of shape {tuple(shape)} that is neither an "
+                    "argument of g nor the result of an op that ran where the check "
+                    "records: it was computed out of sight (with the dispatch modes "
+                    "disabled?). Compute every value through the dispatcher, below your "
+                    "mode.")
+    return None
 
 
-def _recorder(inputs):
-    """A TorchDispatchMode that judges the operators that reach it (see the module docstring)
-    and counts the ``copy_`` calls into each of ``inputs``."""
-    import torch
-    from torch.utils import _pytree as pytree
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Recorder(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.inputs = list(inputs)
-            self.known = {id(t): t for t in inputs}   # (kept alive, so ids are not reused)
-            self.copies = Counter()
-            self.problem = None
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            flat = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-            if any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in flat):
-                return NotImplemented   # a subclass handles it: what it runs comes back here
-            out = func(*args, **kwargs)
-            outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-            if all(t.device.type == "meta" for t in flat + outs):
-                return out
-            problem = self.judge(func, args, flat, outs)
-            self.problem = self.problem or problem
-            for t in outs:
-                self.known[id(t)] = t
-            return out
-
-        def judge(self, func, args, flat, outs):
-            schema = func._schema
-            if torch._C._dispatch_tls_is_dispatch_key_included(
-                    torch._C.DispatchKey.Functionalize):
-                return OFF.format(what=f"{func} ran with the Functionalize key on: that key")
-            if func is torch.ops.aten.copy_.default and any(args[0] is t for t in self.inputs):
-                self.copies[next(i for i, t in enumerate(self.inputs) if args[0] is t)] += 1
-            elif schema.is_mutable:
-                written = [a.name for a in schema.arguments
-                           if a.alias_info and a.alias_info.is_write]
-                return (f"{func} ran below your mode: it writes into its argument "
-                        f"`{', '.join(written)}` (schema `{schema}`). An in-place op of fn must "
-                        "reach the kernels as its out-of-place twin (add_ -> add), whose result "
-                        "becomes the tensor's new value; only the final copy_ into an argument of "
-                        "g may write.")
-            elif func is not torch.ops.aten.lift_fresh.default and any(
-                    r.alias_info is not None for r in schema.returns) and any(
-                    _shares(o, t) for o in outs for t in flat):
-                return (f"{func} ran below your mode and returns a view of its input (schema "
-                        f"`{schema}`): the program below must not alias either. Produce the "
-                        "values a view holds with an op that copies (a *_copy op, "
-                        "as_strided_copy), and remember which base it views.")
-            for t in flat:
-                if id(t) not in self.known and t.numel() > 1:
-                    return (f"{func} read a tensor of shape {tuple(t.shape)} that is neither an "
-                            "argument of g nor the result of an op that ran where the check "
-                            "records: it was computed out of sight (with the dispatch modes "
-                            "disabled?). Compute every value through the dispatcher, below your "
-                            "mode.")
-            return None
-
-    return Recorder()
+def _recorded(ops) -> tuple[str | None, Counter]:
+    """(the first problem among the recorded operators or None, the copy_ count per argument)."""
+    copies: Counter = Counter()
+    problem = None
+    for op in ops:
+        problem = problem or _problem(op, copies)
+    return problem, copies
 
 
 # --------------------------------------------------------------------------- one program
-def _compare(got, want, what: str, where: str, fix: str) -> None:
+def _compare(entry, want, what: str, where: str, fix: str) -> None:
     import torch
 
-    plain_tensor(got, f"{where}: {what}")
+    got = tensor(entry, f"{where}: {what}")
     if got.shape != want.shape or got.dtype != want.dtype:
         raise CheckFailure(f"{where}: {what} has shape {tuple(got.shape)} and dtype "
                            f"{got.dtype}; fn's has shape {tuple(want.shape)} and dtype "
@@ -326,68 +274,78 @@ def _compare(got, want, what: str, where: str, fix: str) -> None:
                            f"{ref}{note} {fix}")
 
 
-def _run(functionalize, source: str, kinds: str, g, n: int, m: int, dtype) -> None:
-    import torch
+class _Case:
+    """One program, the arguments the probe gets, and what eager ``fn`` does with them (the
+    oracle): its outputs, its arguments afterwards, and which arguments it wrote into."""
 
-    fn = _compile(source)
-    inputs, said = _arguments(kinds, g, n, m, dtype)
-    names = source.split("(", 1)[1].split(")", 1)[0].split(", ")
-    where = (f"for the program\n{source.removeprefix('def ')}\nwith " +
-             ", ".join(f"{name}: {s}" for name, s in zip(names, said)))
-    expected = [t.clone() for t in inputs]
-    versions = [t._version for t in expected]
-    want = fn(*expected)
-    writes = [int(t._version != v) for t, v in zip(expected, versions)]  # fn wrote into it
-    args = [t.clone() for t in inputs]
-    recorder = _recorder(args)
-    with _torch_functionalization_off():
-        g_fn = functionalize(fn)
-        if not callable(g_fn):
-            raise CheckFailure(f"functionalize(fn) returned {type(g_fn).__name__}, not a "
-                               "callable g.")
-        depth = torch._C._len_torch_dispatch_stack()
-        with recorder:
-            try:
-                got = g_fn(*args)
-            except CheckFailure:
-                raise
-            except Exception as exc:
-                if recorder.problem:  # (what went wrong first, and likely why it raised)
-                    raise CheckFailure(f"{where}: {recorder.problem}") from exc
-                what = explain(type(exc).__name__, str(exc))
-                raise AnswerError(f"{where}: your g raised {what}{learner_line(exc)}") from exc
-            finally:
-                left = torch._C._len_torch_dispatch_stack() - depth - 1
-                for _ in range(max(left, 0)):
-                    torch._C._pop_torch_dispatch_stack()
-    if left > 0:
-        raise CheckFailure(f"{where}: g returned with {left} dispatch mode(s) of yours still on "
-                           "the mode stack: leave your mode (a `with` block) before g returns.")
-    if recorder.problem:
-        raise CheckFailure(f"{where}: {recorder.problem}")
+    def __init__(self, source: str, kinds: str, g, n: int, m: int, dtype):
+        self.source = source
+        self.args, said = _arguments(kinds, g, n, m, dtype)
+        self.names = source.split("(", 1)[1].split(")", 1)[0].split(", ")
+        self.where = (f"for the program\n{source.removeprefix('def ')}\nwith " +
+                      ", ".join(f"{name}: {s}" for name, s in zip(self.names, said)))
+        self.after = [t.clone().t() if how else t.clone() for t, how in self.args]
+        versions = [t._version for t in self.after]
+        self.want = _compile(source)(*self.after)
+        self.writes = [int(t._version != v) for t, v in zip(self.after, versions)]
+
+
+_SHIPPED = ("the grader's probe did not run as shipped (answers must not modify the grader)")
+
+
+def _judge(case: _Case, seen) -> None:
+    """Compare what the probe saw of g on ``case`` with eager fn."""
+    where = case.where
+    if type(seen) is not dict or type(seen.get("refused")) is not list:
+        raise CheckFailure(f"what came back from your answer is not a program's record: "
+                           f"{_SHIPPED}.")
+    if seen["refused"]:
+        raise CheckFailure(OFF.format(what=seen["refused"][0]))
+    if "raised" in seen:
+        raise AnswerRaised(seen["raised"])
+    if "not_callable" in seen:
+        raise CheckFailure(f"functionalize(fn) returned {seen['not_callable']}, not a "
+                           "callable g.")
+    problem, copies = _recorded(seen["ops"])
+    if seen["g_raised"] is not None:
+        if problem:  # (what went wrong first, and likely why it raised)
+            raise CheckFailure(f"{where}: {problem}")
+        r = seen["g_raised"]
+        raise AnswerError(f"{where}: your g raised {explain(r['ename'], r['evalue'])}"
+                          f"{r['where']}")
+    if seen["left"] > 0:
+        raise CheckFailure(f"{where}: g returned with {seen['left']} dispatch mode(s) of yours "
+                           "still on the mode stack: leave your mode (a `with` block) before g "
+                           "returns.")
+    if problem:
+        raise CheckFailure(f"{where}: {problem}")
+    want, out = case.want, seen["out"]
     wants = list(want) if isinstance(want, tuple) else [want]
-    gots = [got]
     if isinstance(want, tuple):
-        size = f" of {len(got)}" if isinstance(got, (tuple, list)) else ""
-        if not size or len(got) != len(wants):
+        size = f" of {len(out['items'])}" if out["seq"] else ""
+        if not size or len(out["items"]) != len(wants):
             raise CheckFailure(f"{where}: fn returns a tuple of {len(wants)} tensors; g returned "
-                               f"a {type(got).__name__}{size}.")
-        gots = list(got)
-    for k, (mine, ref) in enumerate(zip(gots, wants)):
+                               f"a {out['type']}{size}.")
+        gots, known = out["items"], out["known"]
+    elif out["seq"]:  # a sequence where fn returns one tensor
+        gots, known = [{"type": out["type"], "tensor": False}], [True]
+    else:
+        gots, known = out["items"], out["known"]
+    for k, (ref, (mine, made)) in enumerate(paired(wants, list(zip(gots, known)), "outputs")):
         what = f"output {k}" if len(wants) > 1 else "the output"
         _compare(mine, ref, what, where,
                  "A write through a view must show in its base and in every other view of that "
                  "base, including views taken before the write.")
-        if id(mine) not in recorder.known:
+        if not made:
             raise CheckFailure(f"{where}: {what} is a tensor that no op the check recorded "
                                "produced, and not an argument of g: compute it through the "
                                "dispatcher.")
-    for i, (mine, ref) in enumerate(zip(args, expected)):
-        _compare(mine, ref, f"argument {names[i]} after g returned", where,
+    for i, (ref, mine) in enumerate(paired(case.after, seen["args"], "arguments")):
+        _compare(mine, ref, f"argument {case.names[i]} after g returned", where,
                  "fn writes into it (directly or through a view): after fn returns, write the "
                  "final value of each argument fn mutated back into it, with one copy_.")
-    for i, name in enumerate(names):
-        mine, ref = recorder.copies[i], writes[i]
+    for i, name in enumerate(case.names):
+        mine, ref = copies[i], case.writes[i]
         if mine != ref:
             raise CheckFailure(
                 f"{where}: copy_ into argument {name} ran {mine} time(s); fn "
@@ -397,16 +355,21 @@ def _run(functionalize, source: str, kinds: str, g, n: int, m: int, dtype) -> No
 
 
 def _cases(functionalize, ctx, programs, offset: int, random_sizes: bool) -> None:
+    """Draw each program's sizes and arguments, run them all in one probe, judge each."""
     import torch
 
     g = ctx.generator(offset)
+    cases = []
     for source, kinds in programs:
         if random_sizes:
             n, m = (int(v) for v in torch.randint(3, 7, (2,), generator=g))
             dtype = (torch.float32, torch.float64)[int(torch.randint(0, 2, (), generator=g))]
         else:
             n, m, dtype = 3, 4, torch.float32
-        _run(functionalize, source, kinds, g, n, m, dtype)
+        cases.append(_Case(source, kinds, g, n, m, dtype))
+    seen = functionalize.probe(probes.functionalized, [[c.source, c.args] for c in cases])
+    for case, one in paired(cases, seen, "programs"):
+        _judge(case, one)
 
 
 @check(EXERCISE)

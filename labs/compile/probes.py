@@ -226,7 +226,7 @@ def entries(fixed) -> dict:
     "types": {key: the value's type's name}}``."""
     if type(fixed) is not dict:
         return {"dict": False, "type": type(fixed).__name__}
-    key = lambda k: k if type(k) is str else repr(k)  # noqa: E731
+    key = lambda k: k if type(k) is str else repr(k)
     return {"dict": True, "type": "dict", "keys": [key(k) for k in fixed],
             "callable": {key(k): callable(v) for k, v in fixed.items()},
             "types": {key(k): type(v).__name__ for k, v in fixed.items()}}

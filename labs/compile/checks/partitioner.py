@@ -82,7 +82,7 @@ def _ask(cls, cases: list[tuple], **how) -> list[tuple]:
 def _verify(case: tuple, seen: dict) -> list:
     """Gradients equal eager's, no library partitioner used, fewer bytes than default whenever
     min-cut saves fewer. Returns what the learner's forward saved (described)."""
-    spec, name, fn, inputs, grad_out, want_out, want_grads = case
+    _, name, fn, inputs, grad_out, want_out, want_grads = case
     if seen.get("used"):
         raise CheckFailure(
             f"your partition called {seen['used'][0]} on {name}: choose what to save "

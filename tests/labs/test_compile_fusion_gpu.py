@@ -11,8 +11,8 @@ import labs.compile.checks.fusion_gpu  # noqa: F401  (registers the checks)
 from grader.checks import run_checks
 from grader.labs import load_lab
 from labs.compile import programs
-from labs.compile.checks._harness import fresh_compiler
 from labs.compile.checks.fusion import compile_and_count
+from labs.compile.probes import fresh_compiler
 from tests.labs._fusion_answers import (
     checks_for_overflow,
     forgets_the_clamp,

@@ -1,12 +1,14 @@
 """Checks of ``compile.graph-breaks``: ``fixed``, a dict name -> rewrite of each function of
 ``programs.BREAKING`` without its graph break.
 
-For each name the oracle is Dynamo and the original function: ``torch._dynamo.explain(f)(x)``
-must count no graph break, ``torch.compile(f, backend="eager", fullgraph=True)`` (which raises
-on any break) must compile, and its output must equal the original's, run eagerly, on the given
-inputs (public: one check per function) and on seeded random ``(n, d)`` inputs (hidden: n in
-2..9, d in 1..7; drawn away from ties, so that both functions must pick the same rows, and with
-sums of both signs for ``branch``).
+For each name the probe :func:`labs.compile.probes.rewrites` runs, in the kernel,
+``torch._dynamo.explain(f)(x)`` (its graph-break count and first reason) and
+``torch.compile(f, backend="eager", fullgraph=True)(x)`` (which raises on any break) and reports
+the output; the judge wants no graph break, a compile that succeeds, and an output equal to the
+original function's, run eagerly here (the oracle), on the given inputs (public: one check per
+function) and on seeded random ``(n, d)`` inputs (hidden: n in 2..9, d in 1..7; drawn away from
+ties, so that both functions must pick the same rows, and with sums of both signs for
+``branch``).
 """
 
 from __future__ import annotations
@@ -15,67 +17,60 @@ import contextlib
 import io
 
 import torch
-import torch._dynamo
 
-from grader.checks import CheckFailure, check, exact, learner_line
-from labs.compile import programs
-from labs.compile.checks._harness import fresh_compiler
+from grader.checks import AnswerRaised, CheckFailure, check, paired
+from labs.compile import probes, programs
 
 EXERCISE = "compile.graph-breaks"
 NAMES = tuple(programs.BREAKING)
 
 
-def _entries(fixed) -> dict:
-    """The answer's dict, after checking its keys and that every value is callable."""
-    exact(fixed, dict, "fixed")
-    missing = [n for n in NAMES if n not in fixed]
+def _entries(fixed) -> None:
+    """The answer's dict has exactly the names, each a callable (asked of the kernel)."""
+    seen = fixed.probe(probes.entries)
+    if not seen["dict"]:
+        raise CheckFailure(f"fixed has type {seen['type']}, not a dict.")
+    keys = seen["keys"]
+    missing = [n for n in NAMES if n not in keys]
     if missing:
         raise CheckFailure(f"fixed has no entry for {', '.join(map(repr, missing))}: give a "
                            f"rewrite for each of {', '.join(map(repr, NAMES))}.")
-    extra = [k for k in fixed if k not in NAMES]
+    extra = [k for k in keys if k not in NAMES]
     if extra:
         raise CheckFailure(f"fixed has key(s) {', '.join(map(repr, extra))} that name no program:"
                            f" the keys are exactly {', '.join(map(repr, NAMES))}.")
     for name in NAMES:
-        if not callable(fixed[name]):
-            raise CheckFailure(f"fixed[{name!r}] is a {type(fixed[name]).__name__}, not a "
+        if seen["callable"].get(name) is not True:
+            raise CheckFailure(f"fixed[{name!r}] is a {seen['types'].get(name)}, not a "
                                "function: map each name to your rewrite of that program.")
-    return fixed
 
 
 def _original(name: str, x: torch.Tensor) -> torch.Tensor:
     with contextlib.redirect_stdout(io.StringIO()):  # (logged prints)
-        return programs.BREAKING[name](x)
+        return programs.BREAKING[name](x.clone())
 
 
-def _no_breaks(name: str, f, x: torch.Tensor) -> None:
-    """explain finds no graph break in ``f`` on ``x``."""
-    with fresh_compiler(), contextlib.redirect_stdout(io.StringIO()):
-        found = torch._dynamo.explain(f)(x)
-    if found.graph_break_count:
-        reason = str(found.break_reasons[0].reason).strip().splitlines()[0][:300]
-        raise CheckFailure(f"torch._dynamo.explain finds {found.graph_break_count} graph "
-                           f"break(s) in fixed[{name!r}]; the first: {reason}. Rewrite that "
-                           "part with tensor operations Dynamo can put in the graph.")
+def _no_breaks(name: str, seen: dict) -> None:
+    """explain found no graph break in ``fixed[name]``."""
+    if seen["breaks"]:
+        raise CheckFailure(f"torch._dynamo.explain finds {seen['breaks']} graph "
+                           f"break(s) in fixed[{name!r}]; the first: {seen['reason']}. Rewrite "
+                           "that part with tensor operations Dynamo can put in the graph.")
 
 
-def _same(name: str, f, x: torch.Tensor, where: str) -> None:
-    """``torch.compile(f, fullgraph=True)`` compiles on ``x`` and returns the original's value."""
+def _same(name: str, seen: dict, x: torch.Tensor, where: str) -> None:
+    """``torch.compile(f, fullgraph=True)`` compiled on ``x`` and returned the original's
+    value."""
+    if "failed" in seen:
+        r = seen["failed"]
+        raise CheckFailure(
+            f"torch.compile(fixed[{name!r}], fullgraph=True) fails on {where}: "
+            f"{r['ename']}: {r['first']}{r['where']}. fullgraph=True refuses "
+            "any graph break, including one that only shows up at this shape.")
     want = _original(name, x)
-    with fresh_compiler(), contextlib.redirect_stdout(io.StringIO()):
-        compiled = torch.compile(f, backend="eager", fullgraph=True)
-        try:
-            got = compiled(x)
-        except NotImplementedError:
-            raise
-        except Exception as exc:  # noqa: BLE001  (any failure to compile is the answer's)
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
-            raise CheckFailure(
-                f"torch.compile(fixed[{name!r}], fullgraph=True) fails on {where}: "
-                f"{type(exc).__name__}: {first}{learner_line(exc)}. fullgraph=True refuses "
-                "any graph break, including one that only shows up at this shape.") from None
-    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
-        what = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+    got = seen["output"]["value"]
+    if type(got) is not torch.Tensor or got.shape != want.shape:
+        what = tuple(got.shape) if type(got) is torch.Tensor else seen["output"]["type"]
         raise CheckFailure(f"fixed[{name!r}] returns {what} on {where}; programs.{name} "
                            f"returns shape {tuple(want.shape)}.")
     if got.dtype != want.dtype or not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
@@ -83,6 +78,18 @@ def _same(name: str, f, x: torch.Tensor, where: str) -> None:
                            f"{where} (largest difference "
                            f"{(got.double() - want.double()).abs().max().item():.3g}): a rewrite "
                            "must compute the same thing, only without the break.")
+
+
+def _judge(fixed, cases: list[tuple]) -> None:
+    """``cases``: (name, x, explain, where); one probe for them all, judged in order."""
+    _entries(fixed)
+    reply = fixed.probe(probes.rewrites, [[name, x, explain] for name, x, explain, _ in cases])
+    for (name, x, explain, where), seen in paired(cases, reply, "inputs"):
+        if "raised" in seen:
+            raise AnswerRaised(seen["raised"])
+        if explain:
+            _no_breaks(name, seen)
+        _same(name, seen, x, where)
 
 
 def public_inputs(name: str) -> list[torch.Tensor]:
@@ -135,11 +142,10 @@ def names(fixed, ctx):
 
 def _public(name: str):
     def run(fixed, ctx):
-        f = _entries(fixed)[name]
         xs = public_inputs(name)
-        _no_breaks(name, f, xs[0])
-        for i, x in enumerate(xs):
-            _same(name, f, x, f"the example input{f' {i + 1}' if len(xs) > 1 else ''}")
+        many = len(xs) > 1
+        _judge(fixed, [(name, x, i == 0, f"the example input{f' {i + 1}' if many else ''}")
+                       for i, x in enumerate(xs)])
 
     run.__doc__ = f"fixed[{name!r}] has no graph break and matches programs.{name}"
     run.__name__ = f"public_{name}"
@@ -153,9 +159,10 @@ for _name in NAMES:
 @check(EXERCISE, hidden=True)
 def random_inputs(fixed, ctx):
     """every rewrite compiles with fullgraph=True and matches on seeded random inputs"""
-    f = _entries(fixed)
     g = ctx.generator()
+    cases = []
     for name in NAMES:
         for k in range(4):
             x = hidden_input(name, g, k)
-            _same(name, f[name], x, f"a random input of shape {tuple(x.shape)}")
+            cases.append((name, x, False, f"a random input of shape {tuple(x.shape)}"))
+    _judge(fixed, cases)

@@ -1,13 +1,15 @@
 """Checks of ``compile.guards``: ``would_recompile(fn, args, new_args) -> bool``, read from
 Dynamo's guards.
 
-The oracle is the cache itself: for each case the check compiles ``fn`` with a ``CompileCounter``
-backend on an empty cache (``torch._dynamo.reset``), calls it with ``args`` and then with
-``new_args``, and sees whether the frame count grew. The learner's answer must agree, and must
-come from the guards: during the learner's call Dynamo may compile at most one frame (counted
-with ``torch._dynamo.utils.counters["frames"]["total"]``, which ``reset`` leaves alone), so
-calling the compiled function on ``new_args`` to see what happens is refused. When an answer
-is wrong, the message quotes the guard that fails (``GuardManager.check_verbose``).
+The probe :func:`labs.compile.probes.answers` calls ``would_recompile`` in the kernel on an
+empty cache, for each case, and reports its answer and the frames Dynamo compiled during the
+call. The oracle is the cache itself, in the judge: for each case the check compiles ``fn`` with
+a ``CompileCounter`` backend on an empty cache (``torch._dynamo.reset``), calls it with ``args``
+and then with ``new_args``, and sees whether the frame count grew. The learner's answer must
+agree, and must come from the guards: during the learner's call Dynamo may compile at most one
+frame (counted with ``torch._dynamo.utils.counters["frames"]["total"]``, which ``reset`` leaves
+alone), so calling the compiled function on ``new_args`` to see what happens is refused. When an
+answer is wrong, the message quotes the guard that fails (``GuardManager.check_verbose``).
 Public: ``programs.scaled_sum`` with seven changes (batch size, dtype, requires_grad, a
 transposed input, a new int, new values, a bool flip) and two that do not recompile; hidden:
 seeded random functions and changes (dims, dtype, int/float/bool constants, the length of a
@@ -22,11 +24,9 @@ import torch
 import torch._dynamo
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.testing import CompileCounter
-from torch._dynamo.utils import counters
 
-from grader.checks import CheckFailure, check, exact
-from labs.compile import programs
-from labs.compile.checks._harness import fresh_compiler
+from grader.checks import CheckFailure, check, paired
+from labs.compile import probes, programs
 
 EXERCISE = "compile.guards"
 
@@ -53,7 +53,7 @@ def _call(fn, args: tuple) -> str:
 def truth(fn, args: tuple, new_args: tuple) -> tuple[bool, str]:
     """(whether calling the compiled fn on new_args after args recompiles, the first guard of
     the cache entry that fails on new_args, or '')."""
-    with fresh_compiler():
+    with probes.fresh_compiler():
         counter = CompileCounter()
         compiled = torch.compile(fn, backend=counter)
         compiled(*args)
@@ -70,17 +70,29 @@ def truth(fn, args: tuple, new_args: tuple) -> tuple[bool, str]:
         return counter.frame_count > before, failing
 
 
-def verify(would_recompile, fn, args: tuple, new_args: tuple, what: str) -> None:
-    """The learner's answer for one case agrees with the cache, compiling at most one frame."""
-    if not callable(would_recompile):
-        raise CheckFailure(f"would_recompile is a {type(would_recompile).__name__}; define a "
-                           "function would_recompile(fn, args, new_args) -> bool.")
-    with fresh_compiler():
-        before = counters["frames"]["total"]
-        got = would_recompile(fn, args, new_args)
-        compiled = counters["frames"]["total"] - before
-    exact(got, bool, f"would_recompile's answer for {what}")
-    if compiled > 1:
+def _marks(args: tuple) -> list:
+    """``[i, dims]`` of each tensor of ``args`` marked dynamic."""
+    return [[i, sorted(a._dynamo_dynamic_indices)] for i, a in enumerate(args)
+            if isinstance(a, torch.Tensor) and getattr(a, "_dynamo_dynamic_indices", None)]
+
+
+def verify(would_recompile, cases: list[tuple]) -> None:
+    """The learner's answer for each case (what, fn, args, new_args) agrees with the cache,
+    compiling at most one frame; one probe for them all."""
+    reply = would_recompile.probe(probes.answers, [
+        [fn.__name__, list(args), list(new_args), _marks(args)]
+        for _, fn, args, new_args in cases])
+    for (what, fn, args, new_args), seen in paired(cases, reply, "cases"):
+        _judge(seen, fn, args, new_args, what)
+
+
+def _judge(seen: dict, fn, args: tuple, new_args: tuple, what: str) -> None:
+    got, compiled = seen["answer"], seen["frames"]
+    if type(got["value"]) is not bool:
+        raise CheckFailure(f"would_recompile's answer for {what} has type {got['type']}, not a "
+                           "bool.")
+    got = got["value"]
+    if type(compiled) is not int or compiled > 1:
         raise CheckFailure(
             f"for {what}, Dynamo compiled {compiled} frames during your would_recompile: compile "
             "fn once, on args; answer from its guards (the cache entries' guard_manager), "
@@ -126,29 +138,12 @@ def public_cases() -> list[tuple]:
 @check(EXERCISE)
 def scaled_sum_changes(would_recompile, ctx):
     """agrees with the cache on nine changes to scaled_sum's arguments"""
-    for what, fn, args, new_args in public_cases():
-        verify(would_recompile, fn, args, new_args, what)
+    verify(would_recompile, public_cases())
 
 
 # ------------------------------------------------------------------ hidden: random cases
-def reduce_last(x):
-    return x.sum(-1) * 2
-
-
-def scale_by(x, c):
-    return x * c + 1
-
-
-def stack_sum(xs):
-    return torch.stack(xs).sum(0)
-
-
-def with_bias(x, bias=None):
-    return x.sin() if bias is None else x.sin() + bias
-
-
-def pair(x, y):
-    return (x * y).sum(0)
+reduce_last, scale_by, stack_sum, with_bias, pair = (
+    probes.reduce_last, probes.scale_by, probes.stack_sum, probes.with_bias, probes.pair)
 
 
 def random_case(g) -> tuple:
@@ -210,8 +205,7 @@ def random_changes(would_recompile, ctx):
     """agrees with the cache on seeded random functions and changes"""
     g = ctx.generator()
     x = torch.randn(3, 4, generator=g)
-    verify(would_recompile, with_bias, (x,), (torch.randn(3, 4, generator=g),),
-           "an argument left to its default both times")
-    for _ in range(12):
-        what, fn, args, new_args = random_case(g)
-        verify(would_recompile, fn, args, new_args, what)
+    cases = [("an argument left to its default both times", with_bias, (x,),
+              (torch.randn(3, 4, generator=g),))]
+    cases += [random_case(g) for _ in range(12)]
+    verify(would_recompile, cases)

@@ -1,73 +1,59 @@
 """Checks of ``compile.mini-dynamo``: ``MiniDynamo(fn)`` traces ``fn``'s bytecode into FX graphs
-and caches them under a guard (each input's shape and dtype). Oracle: ``fn`` itself, run eagerly
-by the check (outputs compared with rtol 1e-5, atol 1e-6), and the graph count the guard rules
-imply. Checked on the functions of ``programs.TRACED`` and on seeded random straight-line
-functions (source text exec'd: torch functions, tensor methods, keywords, constants, binary ops,
-1-3 tensor inputs): outputs equal eager; ``graphs[-1]`` is a ``torch.fx.GraphModule`` with one
-placeholder per input that, run on new inputs, equals eager; the same shapes again add no graph,
-a new shape or dtype adds exactly one, an earlier shape none. ``fn``'s code must never run (a
-``sys.setprofile`` hook watches for a frame of ``fn.__code__``: no eager call, no
-``torch.fx.symbolic_trace``), Dynamo must not run (``torch._dynamo.utils.counters["frames"]``
-unchanged), and a function with an ``if`` must raise."""
+and caches them under a guard (each input's shape and dtype). The probe
+:func:`labs.compile.probes.traced` builds ``MiniDynamo(fn)`` in the kernel, calls it on the
+judge's inputs in order and reports each output, how many graphs ``.graphs`` holds after each
+call, what ``graphs[-1]`` is (an ``fx.GraphModule``, its placeholders, its output on new inputs)
+and what a watch saw (a ``sys.setprofile`` hook for a frame of ``fn.__code__``: no eager call,
+no ``torch.fx.symbolic_trace``; ``torch._dynamo.utils.counters["frames"]``: Dynamo did not
+run). Oracle, in the judge: ``fn`` itself, run eagerly (outputs compared with rtol 1e-5, atol
+1e-6), and the graph count the guard rules imply. Checked on the functions of
+``programs.TRACED`` and on seeded random straight-line functions (source text exec'd on both
+sides: torch functions, tensor methods, keywords, constants, binary ops, 1-3 tensor inputs):
+outputs equal eager; ``graphs[-1]`` is a ``torch.fx.GraphModule`` with one placeholder per input
+that, run on new inputs, equals eager; the same shapes again add no graph, a new shape or dtype
+adds exactly one, an earlier shape none; and a function with an ``if`` must raise
+(:func:`labs.compile.probes.unsupported`)."""
 
 from __future__ import annotations
 
-import contextlib
 import random
-import sys
 
 import torch
-from torch import fx
-from torch._dynamo.utils import counters
 
-from grader.checks import CheckFailure, check, exact, plain_tensor
-from labs.compile import programs
+from grader.checks import AnswerRaised, CheckFailure, check
+from labs.compile import probes, programs
 
 EXERCISE = "compile.mini-dynamo"
 RTOL, ATOL = 1e-5, 1e-6
 
 
-class _Watch:
-    """While active: notes a call of ``code`` (fn's code ran) and Dynamo compiling a frame."""
-
-    def __init__(self, name: str, code):
-        self.name, self.code, self.ran = name, code, False
-
-    def _hook(self, frame, event, arg):
-        if event == "call" and frame.f_code is self.code:
-            self.ran = True
-
-    @contextlib.contextmanager
-    def __call__(self):
-        frames = sum(counters["frames"].values())
-        before = sys.getprofile()
-        sys.setprofile(self._hook)
-        try:
-            yield
-        finally:
-            sys.setprofile(before)
-            self._verify(frames)
-
-    def _verify(self, frames: int) -> None:
-        if self.ran:
-            raise CheckFailure(
-                f"{self.name}'s code ran (a frame of {self.name}.__code__ was called): MiniDynamo "
-                "must read fn's bytecode with dis.get_instructions and never call fn, not even "
-                "with proxies as torch.fx.symbolic_trace does.")
-        if sum(counters["frames"].values()) != frames:
-            raise CheckFailure(
-                f"torch._dynamo compiled a frame while MiniDynamo ran {self.name}: build the "
-                "graph yourself from the bytecode, without torch.compile or torch._dynamo.")
+def _watched(name: str, seen: dict) -> None:
+    """What the probe's watch saw: fn's code ran, or Dynamo compiled a frame."""
+    if seen.get("ran"):
+        raise CheckFailure(
+            f"{name}'s code ran (a frame of {name}.__code__ was called): MiniDynamo "
+            "must read fn's bytecode with dis.get_instructions and never call fn, not even "
+            "with proxies as torch.fx.symbolic_trace does.")
+    if seen.get("dynamo"):
+        raise CheckFailure(
+            f"torch._dynamo compiled a frame while MiniDynamo ran {name}: build the "
+            "graph yourself from the bytecode, without torch.compile or torch._dynamo.")
 
 
 def _flat(value, what: str) -> list[torch.Tensor]:
-    if isinstance(value, tuple):
-        exact(value, tuple, what)
-        return [plain_tensor(v, f"item {i} of {what}") for i, v in enumerate(value)]
-    return [plain_tensor(value, what)]
+    items = list(value) if type(value) is tuple else [value]
+    for i, v in enumerate(items):
+        if type(v) is not torch.Tensor:
+            at = f"item {i} of {what}" if type(value) is tuple else what
+            raise CheckFailure(f"{at} has type {type(v).__name__}, not a Tensor.")
+    return items
 
 
-def _same(got, want, what: str, where: str) -> None:
+def _same(seen: dict, want, what: str, where: str) -> None:
+    """The output a probe reported (``returned``) has ``want``'s structure and values."""
+    if seen["unplain"]:
+        raise CheckFailure(f"{what} {where} returned a {seen['type']}; fn returns tensors.")
+    got = seen["value"]
     if isinstance(want, tuple) != isinstance(got, tuple) or (
             isinstance(want, tuple) and len(got) != len(want)):
         shape = (f"a tuple of {len(want)}" if isinstance(want, tuple) else "one tensor")
@@ -96,52 +82,70 @@ def _describe(args) -> str:
     return ", ".join(f"{str(a.dtype).replace('torch.', '')}{list(a.shape)}" for a in args)
 
 
-def _verify(cls, name: str, fn, shapes, new_shapes, g) -> None:
+def _verify(cls, name: str, spec: list, fn, shapes, new_shapes, g) -> None:
     """Trace, compare, and walk the guard rules for ``fn`` (first ``shapes``, then
-    ``new_shapes``)."""
-    watch = _Watch(name, fn.__code__)
-    with watch():
-        md = cls(fn)
+    ``new_shapes``), asked of the kernel in one probe."""
+    first = _inputs(shapes, g)
+    fresh = _inputs(shapes, g)
+    steps = [(first, 1, "the first call"),
+             (_inputs(shapes, g), 0, "the same shapes and dtype again, new values"),
+             (_inputs(new_shapes, g), 1, "new shapes"),
+             (_inputs(shapes, g), 0, "the first shapes again"),
+             (_inputs(shapes, g, torch.float64), 1, "the first shapes in float64")]
+    seen = cls.probe(probes.traced, spec, [args for args, _, _ in steps], fresh)
+    _class(seen)
+    built = seen["built"]
+    _watched(name, built)
+    if "raised" in built:
+        raise AnswerRaised(built["raised"])
+    reply = seen["steps"]
+    stopped = (type(reply) is list and reply and type(reply[-1]) is dict
+               and "raised" in reply[-1])
+    if type(reply) is not list or (len(reply) != len(steps) and not stopped):
+        n = len(reply) if type(reply) is list else type(reply).__name__
+        raise CheckFailure(f"what came back from your answer covers {n} of the "
+                           f"{len(steps)} calls the check asked about: the grader's probe did "
+                           "not run as shipped (answers must not modify the grader).")
     expected = 0
-
-    def step(args, adds: int, why: str):
-        nonlocal expected
-        want = fn(*args)
-        with watch():
-            got = md(*args)
-        graphs = getattr(md, "graphs", None)
-        exact(graphs, list, f"MiniDynamo({name}).graphs")
+    for k, ((args, adds, why), step) in enumerate(zip(steps, reply)):
+        _watched(name, step)
+        if "raised" in step:
+            raise AnswerRaised(step["raised"])
+        graphs = step["graphs"]
+        if not graphs["list"]:
+            raise CheckFailure(f"MiniDynamo({name}).graphs has type {graphs['type']}, not a "
+                               "list.")
         expected += adds
         where = f"on ({_describe(args)})"
-        if len(graphs) != expected:
+        if graphs["len"] != expected:
             raise CheckFailure(
-                f"after calling MiniDynamo({name}) {where} ({why}), .graphs holds {len(graphs)} "
-                f"graph(s); {expected} expected. "
+                f"after calling MiniDynamo({name}) {where} ({why}), .graphs holds "
+                f"{graphs['len']} graph(s); {expected} expected. "
                 + ("A guard miss (a new shape or dtype of any input) must trace once more."
-                   if len(graphs) < expected else
+                   if graphs["len"] < expected else
                    "A guard hit (every input's shape and dtype as in an earlier call) must "
                    "reuse the cached graph, not trace again."))
-        _same(got, want, f"MiniDynamo({name})", where)
-        return graphs
+        _same(step["output"], fn(*args), f"MiniDynamo({name})", where)
+        if k == 0:
+            _last(name, seen["last"], fn, shapes, fresh)
 
-    first = _inputs(shapes, g)
-    graphs = step(first, 1, "the first call")
-    gm = graphs[-1]
-    if not isinstance(gm, fx.GraphModule):  # (each GraphModule has a class of its own)
-        raise CheckFailure(f"MiniDynamo({name}).graphs[-1] is a {type(gm).__name__}; append "
+
+def _last(name: str, last, fn, shapes, fresh) -> None:
+    """``graphs[-1]`` after the first call, as the probe saw it."""
+    if type(last) is not dict:
+        raise CheckFailure(f"MiniDynamo({name}): the probe saw no graphs[-1] after the first "
+                           "call (answers must not modify the grader).")
+    if not last["module"]:  # (each GraphModule has a class of its own)
+        raise CheckFailure(f"MiniDynamo({name}).graphs[-1] is a {last['type']}; append "
                            "the torch.fx.GraphModule you traced.")
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    if len(placeholders) != len(shapes):
+    if last["placeholders"] != len(shapes):
         raise CheckFailure(
-            f"MiniDynamo({name}).graphs[-1] has {len(placeholders)} placeholder(s); {name} "
+            f"MiniDynamo({name}).graphs[-1] has {last['placeholders']} placeholder(s); {name} "
             f"takes {len(shapes)} input(s): one placeholder per argument, in order.")
-    fresh = _inputs(shapes, g)
-    _same(gm(*fresh), fn(*fresh), f"MiniDynamo({name}).graphs[-1]",
+    if "raised" in last:
+        raise AnswerRaised(last["raised"])
+    _same(last["output"], fn(*fresh), f"MiniDynamo({name}).graphs[-1]",
           f"called on new inputs ({_describe(fresh)})")
-    step(_inputs(shapes, g), 0, "the same shapes and dtype again, new values")
-    step(_inputs(new_shapes, g), 1, "new shapes")
-    step(_inputs(shapes, g), 0, "the first shapes again")
-    step(_inputs(shapes, g, torch.float64), 1, "the first shapes in float64")
 
 
 # ------------------------------------------------------------------ random functions
@@ -181,27 +185,18 @@ def random_source(rng: random.Random, name: str) -> tuple[str, int]:
 
 
 def random_function(seed: int, k: int):
+    """(name, spec, shapes, new shapes, source) of seeded random function ``k``."""
     rng = random.Random(seed * 1000 + k)
     name = f"hidden_{k}"
     source, nargs = random_source(rng, name)
-    namespace = {"torch": torch}
-    exec(compile(source, f"<hidden function {k}>", "exec"), namespace)  # noqa: S102
     n = rng.randint(2, 6)
-    return name, namespace[name], [(n, n)] * nargs, [(n + 1, n + 1)] * nargs, source
+    return name, ["source", source, name], [(n, n)] * nargs, [(n + 1, n + 1)] * nargs, source
 
 
-def branchy(x):
-    """An ``if`` on a tensor's value: COMPARE_OP and a jump, outside the subset."""
-    if x.sum() > 0:
-        return x * 2
-    return x - 1
-
-
-def _class(cls):
-    if not isinstance(cls, type):
-        raise CheckFailure(f"MiniDynamo is a {type(cls).__name__}; define it as a class "
+def _class(seen: dict) -> None:
+    if not seen["class"]:
+        raise CheckFailure(f"MiniDynamo is a {seen['type']}; define it as a class "
                            "(MiniDynamo(fn) makes the callable object).")
-    return cls
 
 
 @check(EXERCISE)
@@ -209,24 +204,21 @@ def given_functions(cls, ctx):
     """traces the given functions: eager's values, one graph, guards on shape and dtype"""
     g = ctx.generator()
     for name, (fn, shapes, new_shapes) in programs.TRACED.items():
-        _verify(_class(cls), f"programs.{name}", fn, shapes, new_shapes, g)
+        _verify(cls, f"programs.{name}", ["program", name], fn, shapes, new_shapes, g)
 
 
 @check(EXERCISE)
 def unsupported_opcode(cls, ctx):
     """an opcode outside the subset (an if) raises instead of being skipped"""
-    watch = _Watch("branchy", branchy.__code__)
     x = torch.randn(3, 4, generator=ctx.generator())
-    try:
-        with watch():
-            _class(cls)(branchy)(x)
-    except CheckFailure:
-        raise
-    except NotImplementedError as exc:
-        if exc.args == (EXERCISE,):
-            raise
-    except Exception:  # noqa: BLE001  (any exception will do; it must not go on silently)
-        return
+    seen = cls.probe(probes.unsupported, x)
+    _class(seen)
+    _watched("branchy", seen)
+    r = seen["raised"]
+    if r is not None:
+        if r.get("ename") == "NotImplementedError" and r.get("evalue") == EXERCISE:
+            raise AnswerRaised(r)
+        return  # (any exception will do; it must not go on silently)
     raise CheckFailure(
         "MiniDynamo(branchy)(x), where branchy has `if x.sum() > 0:`, returned without "
         "raising: an opcode outside the subset (COMPARE_OP, a jump) must raise "
@@ -238,8 +230,9 @@ def random_functions(cls, ctx):
     """traces seeded random straight-line functions: values, graphs and guards"""
     g = ctx.generator()
     for k in range(6):
-        name, fn, shapes, new_shapes, source = random_function(ctx.seed, k)
+        name, spec, shapes, new_shapes, source = random_function(ctx.seed, k)
+        fn = probes.traced_function(spec)
         try:
-            _verify(_class(cls), name, fn, shapes, new_shapes, g)
+            _verify(cls, name, spec, fn, shapes, new_shapes, g)
         except (CheckFailure, AssertionError) as exc:
             raise CheckFailure(f"{exc}\nThe function ({name}):\n{source}") from None

@@ -2,16 +2,20 @@
 
 ``predicted`` (a dict, or a function with no arguments returning it): sequence name -> the
 number of frames Dynamo compiles when ``programs.scaled_sum`` is compiled fresh and called with
-that sequence of ``programs.call_sequences()``. The oracle is a ``CompileCounter`` backend
-(``torch/_dynamo/testing.py``): each sequence is run at check time on an empty cache with
-torch's default config, and each prediction is compared with the frames it counted.
+that sequence of ``programs.call_sequences()``. The probe :func:`labs.compile.probes.predictions`
+reports the predictions; the oracle is a ``CompileCounter`` backend
+(``torch/_dynamo/testing.py``) in the judge: each sequence is run at check time on an empty cache
+with torch's default config, and each prediction is compared with the frames it counted.
 
 ``compile_once(fn, backend)`` must return a compiled ``fn``, compiled by ``backend``, that
 compiles exactly one frame for a sequence of calls whose tensors keep their dtype and number of
 dims (every size >= 2, the first call's sizes all different) and whose Python ints (>= 2) and
-floats vary, with outputs equal to eager. Public: the sequences of ``call_sequences()`` that
-qualify; hidden: seeded random sequences for functions of one or two tensors and an int or a
-float (``scaled_sum``, a reshape by an int, a matmul scaled by a float).
+floats vary, with outputs equal to eager. The probe :func:`labs.compile.probes.compiled_once`
+runs each sequence through ``compile_once(fn, counter)`` in the kernel and reports the frames
+counted and the outputs; the judge compares the outputs with eager ``fn`` run here. Public: the
+sequences of ``call_sequences()`` that qualify; hidden: seeded random sequences for functions of
+one or two tensors and an int or a float (``scaled_sum``, a reshape by an int, a matmul scaled
+by a float).
 """
 
 from __future__ import annotations
@@ -20,38 +24,41 @@ import inspect
 
 import torch
 
-from grader.checks import CheckFailure, check, exact
-from labs.compile import programs
-from labs.compile.checks._harness import count_compiles, fresh_compiler
+from grader.checks import CheckFailure, check, paired
+from labs.compile import probes, programs
 
 EXERCISE = "compile.recompiles"
 KEYS = ("predicted", "compile_once")
 
 
-def _parts(recompiles) -> tuple:
-    exact(recompiles, dict, "recompiles")
-    missing = [k for k in KEYS if k not in recompiles]
+def _parts(shape: dict) -> None:
+    """The answer is a dict with both keys (as the probe saw it)."""
+    if not shape["dict"]:
+        raise CheckFailure(f"recompiles has type {shape['type']}, not a dict.")
+    missing = [k for k in KEYS if k not in shape["keys"]]
     if missing:
         raise CheckFailure(f"recompiles has no {', '.join(map(repr, missing))}: it is a dict "
                            "with the keys 'predicted' and 'compile_once'.")
-    return recompiles["predicted"], recompiles["compile_once"]
 
 
-def _predictions(predicted, names) -> dict:
+def _predictions(seen: dict, names) -> dict:
     """The learner's predictions as a dict, checked for names and int values."""
-    if callable(predicted):
-        predicted = predicted()
-    exact(predicted, dict, "recompiles['predicted'] (or what it returns)")
-    missing = [n for n in names if n not in predicted]
-    extra = [k for k in predicted if k not in names]
+    what = "recompiles['predicted'] (or what it returns)"
+    got = seen["value"]
+    if seen["unplain"] or type(got) is not dict:
+        raise CheckFailure(f"{what} has type {seen['type']}, not a dict.")
+    missing = [n for n in names if n not in got]
+    extra = [k for k in got if k not in names]
     if missing or extra:
         raise CheckFailure(
             f"recompiles['predicted'] has no prediction for {missing or 'nothing'} and unknown "
             f"keys {extra or 'none'}: its keys are the names of programs.call_sequences(): "
             f"{', '.join(map(repr, names))}.")
     for name in names:
-        exact(predicted[name], int, f"the prediction for {name!r}")
-    return predicted
+        if type(got[name]) is not int:
+            raise CheckFailure(f"the prediction for {name!r} has type "
+                               f"{type(got[name]).__name__}, not a int.")
+    return got
 
 
 def _value(v) -> str:
@@ -83,14 +90,15 @@ def _plain_compile(fn, backend):
 @check(EXERCISE)
 def predictions(recompiles, ctx):
     """predicts the frames compiled for each sequence of programs.call_sequences()"""
-    predicted, _ = _parts(recompiles)
+    seen = recompiles.probe(probes.predictions)
+    _parts(seen["shape"])
     names = list(programs.call_sequences())
-    guess = _predictions(predicted, names)
+    guess = _predictions(seen["predicted"], names)
     wrong = []
     for name in names:
         calls = programs.call_sequences()[name]  # (fresh tensors: mark_dynamic on new ones)
-        with fresh_compiler():
-            frames, _ = count_compiles(_plain_compile, programs.scaled_sum, calls)
+        with probes.fresh_compiler():
+            frames = _frames(programs.scaled_sum, calls)
         if guess[name] != frames:
             wrong.append(f"'{name}' (you said {guess[name]}; the calls: "
                          f"{describe(programs.scaled_sum, calls)})")
@@ -100,6 +108,17 @@ def predictions(recompiles, ctx):
             "ask whether the graphs compiled so far have guards it passes (shape, dtype, the "
             "value of a specialized number), and what Dynamo makes dynamic when one fails "
             "(automatic dynamic shapes; 0/1 specialization).")
+
+
+def _frames(fn, calls: list[tuple]) -> int:
+    """The frames a fresh ``torch.compile(fn)`` compiles for ``calls`` (the oracle)."""
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+    compiled = torch.compile(fn, backend=counter)
+    for args in calls:
+        compiled(*args)
+    return counter.frame_count
 
 
 def _sizes(args: tuple) -> list[int]:
@@ -127,53 +146,58 @@ def _qualifies(calls: list[tuple]) -> bool:
     return True
 
 
-def verify_once(compile_once, fn, calls: list[tuple], label: str) -> None:
-    """compile_once(fn, counter) compiles one frame for ``calls`` and matches eager."""
-    if not callable(compile_once):
-        raise CheckFailure(f"recompiles['compile_once'] is a {type(compile_once).__name__}; "
+def _marks(calls: list[tuple]) -> list:
+    """``[call, arg, dims]`` of each tensor of ``calls`` marked dynamic."""
+    return [[k, i, sorted(a._dynamo_dynamic_indices)] for k, args in enumerate(calls)
+            for i, a in enumerate(args)
+            if isinstance(a, torch.Tensor) and getattr(a, "_dynamo_dynamic_indices", None)]
+
+
+def verify_once(recompiles, cases: list[tuple]) -> None:
+    """compile_once(fn, counter) compiles one frame for each case's calls and matches eager;
+    ``cases``: (fn, calls, label), asked of the kernel in one probe."""
+    seen = recompiles.probe(probes.compiled_once, [[fn.__name__, [list(a) for a in calls],
+                                                    _marks(calls)] for fn, calls, _ in cases])
+    _parts(seen["shape"])
+    if not seen["callable"]:
+        raise CheckFailure(f"recompiles['compile_once'] is a {seen['type']}; "
                            "it is a function compile_once(fn, backend).")
-    want = [fn(*args) for args in calls]
-    with fresh_compiler():
-        frames, outs = count_compiles(compile_once, fn, calls)
-    if frames == 0:
-        raise CheckFailure(f"on {label}, the backend passed to compile_once compiled no frame: "
-                           "use the backend you are given (torch.compile(fn, backend=backend, "
-                           "...)); returning fn itself runs it eagerly.")
-    if frames > 1:
-        raise CheckFailure(f"on {label}, compile_once's function compiled {frames} frames, not "
-                           f"1. The calls: {describe(fn, calls)}. Each recompile is a guard "
-                           "that failed: make sizes and numbers symbolic from the first call.")
-    for k, (got, expected) in enumerate(zip(outs, want)):
-        if not isinstance(got, torch.Tensor) or got.shape != expected.shape or not (
-                torch.allclose(got, expected, rtol=1e-4, atol=1e-5)):
-            raise CheckFailure(f"on {label}, call {k + 1} returns a different value from eager "
-                               f"fn: compile fn, without changing what it computes.")
+    for (fn, calls, label), run in paired(cases, seen["runs"], "sequences"):
+        if not run["callable"]:
+            raise CheckFailure(f"it returned {run['returned']}, not a callable (the compiled "
+                               "function).")
+        frames = run["frames"]
+        if frames == 0:
+            raise CheckFailure(f"on {label}, the backend passed to compile_once compiled no "
+                               "frame: use the backend you are given (torch.compile(fn, "
+                               "backend=backend, ...)); returning fn itself runs it eagerly.")
+        if frames > 1:
+            raise CheckFailure(f"on {label}, compile_once's function compiled {frames} frames, "
+                               f"not 1. The calls: {describe(fn, calls)}. Each recompile is a "
+                               "guard that failed: make sizes and numbers symbolic from the "
+                               "first call.")
+        for k, (args, got) in enumerate(paired(calls, run["outs"], "calls")):
+            expected = fn(*args)
+            got = got["value"]
+            if type(got) is not torch.Tensor or got.shape != expected.shape or not (
+                    torch.allclose(got, expected, rtol=1e-4, atol=1e-5)):
+                raise CheckFailure(f"on {label}, call {k + 1} returns a different value from "
+                                   "eager fn: compile fn, without changing what it computes.")
 
 
 @check(EXERCISE)
 def once_on_the_sequences(recompiles, ctx):
     """compile_once compiles once for each sequence of call_sequences() it covers"""
-    _, compile_once = _parts(recompiles)
-    for name, calls in programs.call_sequences().items():
-        if _qualifies(calls):
-            verify_once(compile_once, programs.scaled_sum, calls, f"the sequence '{name}'")
+    verify_once(recompiles, [(programs.scaled_sum, calls, f"the sequence '{name}'")
+                             for name, calls in programs.call_sequences().items()
+                             if _qualifies(calls)])
 
 
 # ------------------------------------------------------------------ hidden: random sequences
-def regroup(x: torch.Tensor, k: int) -> torch.Tensor:
-    """x (k * m, d) -> the sums of k groups of rows, shape (k,)."""
-    return x.reshape(k, -1).sum(1)
-
-
-def scaled_matmul(x: torch.Tensor, y: torch.Tensor, alpha: float) -> torch.Tensor:
-    """(x @ y) * alpha, then a row sum."""
-    return ((x @ y) * alpha).sum(1)
-
-
 def random_sequence(g, which: int) -> tuple:
     """(fn, calls): 4 seeded random calls of one of three functions, within compile_once's
     contract (drawn again until they are)."""
-    fn = (programs.scaled_sum, regroup, scaled_matmul)[which]
+    fn = (programs.scaled_sum, probes.regroup, probes.scaled_matmul)[which]
     as_int = bool(torch.randint(0, 2, (1,), generator=g))
 
     def size() -> int:
@@ -199,8 +223,9 @@ def random_sequence(g, which: int) -> tuple:
 @check(EXERCISE, hidden=True)
 def once_on_random_sequences(recompiles, ctx):
     """compile_once compiles once on seeded random sequences of three functions"""
-    _, compile_once = _parts(recompiles)
     g = ctx.generator()
+    cases = []
     for which in range(3):
         fn, calls = random_sequence(g, which)
-        verify_once(compile_once, fn, calls, f"a random sequence of {fn.__name__} calls")
+        cases.append((fn, calls, f"a random sequence of {fn.__name__} calls"))
+    verify_once(recompiles, cases)

@@ -114,14 +114,6 @@ class Check:
 _REGISTRY: dict[str, list[Check]] = {}
 
 
-def grading() -> bool:
-    """Whether this process is a grading kernel (the grader armed it:
-    :func:`grader.kernel.guard.arm`), not a learner's kernel or a test."""
-    from grader.kernel import guard
-
-    return guard.armed()
-
-
 def check(exercise_id: str, *, hidden: bool = False):
     """Decorator registering ``fn(answer, ctx)`` as a check of ``exercise_id``."""
 
@@ -356,31 +348,17 @@ def paired(asked: list, reply: Any, what: str) -> list[tuple]:
     return list(zip(asked, reply))
 
 
-def judged_in_kernel(exercise_id: str) -> bool:
-    """Whether ``exercise_id``'s checks still take the answer object in the learner's kernel
-    (the lab table's ``judged_in_kernel``: an exercise not yet split into probe and judge),
-    rather than an :class:`Answer` handle in the grader's process."""
-    from grader.errors import GraderError
-    from grader.labs import load_lab
-
-    try:
-        return load_lab(exercise_id.split(".", 1)[0]).exercise(exercise_id).judged_in_kernel
-    except GraderError:
-        return False
-
-
 def run_checks(exercise_id: str, answer: Any, *, seed: int = 0, device: str = "cpu",
                hidden: bool = True) -> Verdict:
     """Run the checks of ``exercise_id`` on ``answer`` and return a Verdict; never raises for a
     wrong or broken answer (only for a lab with no checks: LookupError). ``answer`` is an
     :class:`Answer` handle, or the answer object itself, which is then judged through a
-    :class:`LocalAnswer` (for an exercise still ``judged_in_kernel``, it is passed as it is).
+    :class:`LocalAnswer`.
     Without ``hidden`` (the learner's self-check) only the public checks run, numbered as the
     grader numbers them: "check 2/6" is the same check in the notebook and in the grader's
     report."""
     checks = checks_for(exercise_id, hidden=True)
-    kernel = judged_in_kernel(exercise_id)
-    if not kernel and not isinstance(answer, Answer):
+    if not isinstance(answer, Answer):
         answer = LocalAnswer(answer, exercise_id, seed)
     changed = state_changes()
     with torch_defaults():

@@ -32,10 +32,7 @@ class Exercise:
     --allow-torch-mismatch``) marks its result (``version_caveat``); ``withheld``: how many
     of its hidden checks this copy of the course does not have (a learner's copy: ``grader dist
     student`` writes it; 0 in the course itself), so checks are still numbered as the
-    instructor's grader numbers them; ``judged_in_kernel``: its checks still take the answer
-    object and run in the learner's kernel, sealed by the guard (:mod:`grader.kernel.guard`),
-    because they are not yet split into probes and judges (``grader.checks``); such a verdict is
-    one a learner can forge, and the result says so.
+    instructor's grader numbers them.
     """
 
     id: str
@@ -46,7 +43,6 @@ class Exercise:
     timeout: float = 120.0
     pinned_behaviour: bool = False
     withheld: int = 0
-    judged_in_kernel: bool = False
 
     def unmet(self, device: str) -> str | None:
         """Why this exercise cannot run on ``device`` (``cpu``/``cuda``) here; None if it can."""
@@ -74,8 +70,7 @@ class Lab:
     """A lab: its id (``autograd``), title, notebook stem (``02_autograd``), exercises, and
     ``root``, the course folder holding ``labs/<id>/``, ``solutions/`` and ``notebooks/``;
     ``memory_gib``, the memory (GiB) a grading kernel of this lab may use (``memory_gib`` in
-    the table, default 4); ``torch``, whether its notebook uses torch (``torch`` in the table,
-    default true: the guard then imports and watches torch before any learner code runs)."""
+    the table, default 4)."""
 
     id: str
     title: str
@@ -83,7 +78,6 @@ class Lab:
     exercises: tuple[Exercise, ...]
     root: Path
     memory_gib: float = 4.0
-    torch: bool = True
 
     @property
     def release_path(self) -> Path:
@@ -140,13 +134,11 @@ def load_lab(lab_id: str) -> Lab:
                 timeout=float(e.get("timeout", 120)),
                 pinned_behaviour=_flag(e.get("pinned_behaviour", False)),
                 withheld=int(e.get("withheld", 0)),
-                judged_in_kernel=_flag(e.get("judged_in_kernel", False)),
             )
             for e in raw["exercises"]
         )
         lab = Lab(id=raw["id"], title=raw["title"], notebook=raw["notebook"], exercises=exercises,
-                  root=path.parent.parent.parent, memory_gib=float(raw.get("memory_gib", 4)),
-                  torch=bool(raw.get("torch", True)))
+                  root=path.parent.parent.parent, memory_gib=float(raw.get("memory_gib", 4)))
     except (KeyError, TypeError, ValueError, tomllib.TOMLDecodeError) as exc:
         raise GraderError(f"{path}: malformed lab table ({exc!r})") from exc
     for e in exercises:

@@ -25,7 +25,7 @@ def _ids(nb):
 
 
 def _run(sub, **kw):
-    return assemble(RELEASE, sub, LAB, seed=7, device="cpu", **kw)
+    return assemble(RELEASE, sub, LAB, **kw)
 
 
 def test_release_as_submission_runs_release_cells_with_grade_cells_for_self_checks():
@@ -37,7 +37,7 @@ def test_release_as_submission_runs_release_cells_with_grade_cells_for_self_chec
     grade = _cell(built.nb, "grade-toy-add")
     assert grade.source == ("# toy.add is judged by the grader, in its own process: its probes "
                             "run here")
-    assert "_arm('toy')" in _cell(built.nb, "grader-prologue").source
+    assert "_begin()" in _cell(built.nb, "grader-prologue").source
     assert built.missing == [] and built.edited == []
 
 

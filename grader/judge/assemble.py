@@ -42,23 +42,17 @@ class Assembled:
     notes: list[str] = field(default_factory=list)
 
 
-def grade_source(exercise_id: str, seed: int, device: str) -> str:
-    """The source of the grader's check cell for ``exercise_id``: for an exercise the grader
-    judges in its own process, a comment (the cell's place is where the judge's probes run,
-    each as a cell of its own: ``grader.judge.execute``); for one still ``judged_in_kernel``, the
-    in-kernel checks."""
-    from grader.checks import judged_in_kernel
-
-    if not judged_in_kernel(exercise_id):
-        return f"# {exercise_id} is judged by the grader, in its own process: its probes run here"
-    return ("from grader.kernel.selfcheck import grade as _grade\n"
-            f"_grade({exercise_id!r}, seed={seed!r}, device={device!r})")
+def grade_source(exercise_id: str) -> str:
+    """The source of the grader's check cell for ``exercise_id``: a comment (the judge runs in
+    the grader's own process; the cell's place is where its probes run, each as a cell of its
+    own: ``grader.judge.execute``)."""
+    return f"# {exercise_id} is judged by the grader, in its own process: its probes run here"
 
 
-def prologue_source(lab_id: str) -> str:
-    """The source of the grader's first cell: arm the kernel's guard
-    (see :mod:`grader.kernel.guard`)."""
-    return f"from grader.kernel.guard import arm as _arm\n_arm({lab_id!r})"
+def prologue_source() -> str:
+    """The source of the grader's first cell, before any learner cell: note the threads and
+    child processes the kernel has (:func:`grader.kernel.strays.begin`)."""
+    return "from grader.kernel.strays import begin as _begin\n_begin()"
 
 
 def _learner_cell(cell: NotebookNode) -> NotebookNode:
@@ -75,8 +69,8 @@ def _learner_cell(cell: NotebookNode) -> NotebookNode:
     return cell
 
 
-def assemble(release: NotebookNode, submission: NotebookNode, lab: Lab, *, seed: int,
-             device: str, skipped: dict[str, str] | None = None) -> Assembled:
+def assemble(release: NotebookNode, submission: NotebookNode, lab: Lab, *,
+             skipped: dict[str, str] | None = None) -> Assembled:
     """Build the notebook to grade (``release`` and ``submission`` are not modified).
 
     ``skipped`` maps exercise ids whose requirements are unmet to the reason: their answer cells
@@ -125,18 +119,18 @@ def assemble(release: NotebookNode, submission: NotebookNode, lab: Lab, *, seed:
             cells.append(copy.deepcopy(rel))
             cells.extend(attached.get(rel.id, []))
     # Each grade cell goes after the later of its self-check cell and its last answer cell;
-    # the self-check cells themselves do not run (the grade cell runs the same checks and more).
+    # the self-check cells themselves do not run (the judge runs the same checks and more).
     ids = {e.id for e in lab.exercises}
     last = {notebook.exercise_of(c): i for i, c in enumerate(cells)
             if notebook.role(c) in ("check", "answer") and notebook.exercise_of(c) in ids}
-    prologue = v4.new_code_cell(prologue_source(lab.id))
+    prologue = v4.new_code_cell(prologue_source())
     prologue.id, prologue.metadata["course"] = "grader-prologue", {"role": "prologue"}
     out: list[NotebookNode] = [prologue]
     for i, cell in enumerate(cells):
         if notebook.role(cell) != "check":
             out.append(cell)
         for ex in (e.id for e in lab.exercises if last.get(e.id) == i and e.id not in skipped):
-            grade = v4.new_code_cell(grade_source(ex, seed, device))
+            grade = v4.new_code_cell(grade_source(ex))
             grade.id = f"grade-{ex.replace('.', '-')}"
             grade.metadata["course"] = {"role": "grade", "exercise": ex}
             out.append(grade)

@@ -9,8 +9,9 @@ parts and grading resumes at the next exercise. Every exercise gets an :class:`O
 
 Each kernel starts in the run's own working folder under the limits of :mod:`grader.judge.sandbox`;
 its stored output is capped (per cell and per notebook); errors are read from the kernel's
-execute replies (which a learner cannot restyle, unlike the displayed traceback); and a verdict
-counts only when it carries the run key's seal (:mod:`grader.kernel.guard`).
+execute replies (which a learner cannot restyle, unlike the displayed traceback); and verdicts
+come only from the judges, which run here, in the grader's process: each probe of the answer is
+a cell run in the kernel in the grade cell's place (:class:`_KernelAnswer`).
 """
 from __future__ import annotations
 
@@ -38,11 +39,10 @@ from traitlets import Int, List, Unicode
 from traitlets.config import Config
 
 from grader import notebook
-from grader.kernel import guard, probe
+from grader.kernel import probe
 from grader.checks import (Answer, AnswerError, CheckFailure, ProbeLost, Verdict, explain,
-                           judged_in_kernel, out_of_memory, run_checks)
+                           out_of_memory, run_checks)
 from grader.judge.sandbox import PACKER, Limits, kernel_env
-from grader.kernel.selfcheck import VERDICT_MIME
 
 #: seconds a cell outside any exercise (after the last grade cell) may run
 EPILOGUE_CELL_TIMEOUT = 120
@@ -109,8 +109,6 @@ class GraderClient(PapermillNotebookClient):
 
     def output(self, outs, msg, display_id, cell_index):
         content = msg["content"]
-        if VERDICT_MIME in content.get("data", {}):
-            return super().output(outs, msg, display_id, cell_index)
         size = _size(content)
         room = max(0, min(MAX_CELL_OUTPUT - self._used[cell_index],
                           MAX_NOTEBOOK_OUTPUT - self._total))
@@ -230,20 +228,9 @@ def _reply_error(client: GraderClient, index: int) -> tuple[str, str] | None:
     return str(reply.get("ename", "Error")), str(reply.get("evalue", ""))
 
 
-def _verdict(cell: NotebookNode, exercise: str, key: bytes) -> tuple[dict | None, bool]:
-    """(the grade cell's sealed verdict or None, whether a verdict without a valid seal was
-    displayed instead)."""
-    forged = False
-    for o in cell.get("outputs", []):
-        shown = o.get("output_type") == "display_data"
-        data = o.get("data", {}).get(VERDICT_MIME) if shown else None
-        if isinstance(data, dict):
-            found = guard.sealed(data, key)
-            if found is not None and found.get("exercise") == exercise:
-                return found, False
-            forged = True
-    return None, forged
-
+#: the mimetype of the verdicts the grader's check cell displayed when checks ran in the kernel
+#: (grader 0.4.0 and earlier): a learner's cell that displays one is passing off a verdict
+VERDICT_MIME = "application/vnd.pytorch-internals.verdict+json"
 
 #: the ename nbclient reports for a cell it interrupted at its time limit
 TIMEOUT_ENAME = "GraderTimeLimit"
@@ -252,13 +239,13 @@ TIMEOUT_ENAME = "GraderTimeLimit"
 
 class GraderEngine(Engine):
     """papermill engine ``grader``: per-exercise time limits, interrupt, restart and resume,
-    sandboxed kernels, capped output and sealed verdicts."""
+    sandboxed kernels, capped output, judges in this process."""
 
     @classmethod
     def execute_managed_notebook(cls, nb_man, kernel_name, *, timeouts: dict[str, float],
                                  on_outcome: Callable[[Outcome], None], workdir: Path,
                                  home: Path,
-                                 limits: Limits, key: bytes, input_name: str, seed: int,
+                                 limits: Limits, input_name: str, seed: int,
                                  device: str, start_timeout=60, **kwargs):
         # papermill records its input there: here the assembled notebook itself, a second copy
         # of everything in the executed one; the submission's file name says what was graded
@@ -269,13 +256,13 @@ class GraderEngine(Engine):
             else None)
         try:
             return cls._execute(nb_man, kernel_name, timeouts=timeouts, on_outcome=on_outcome,
-                                workdir=workdir, home=home, limits=limits, key=key,
+                                workdir=workdir, home=home, limits=limits,
                                 start_timeout=start_timeout, seed=seed, device=device)
         finally:
             nb_man.save = save
 
     @classmethod
-    def _execute(cls, nb_man, kernel_name, *, timeouts, on_outcome, workdir, home, limits, key,
+    def _execute(cls, nb_man, kernel_name, *, timeouts, on_outcome, workdir, home, limits,
                  start_timeout, seed, device):
         interrupted: set[int] = set()
 
@@ -300,11 +287,10 @@ class GraderEngine(Engine):
                               "memory": limits.memory, "cpu": limits.cpu,
                               "hide": list(limits.hide), "writable": list(limits.writable),
                               "user": ":".join(map(str, limits.user)) if limits.user else ""}))
-        run = _Run(client, nb_man, timeouts, interrupted, limits, key, seed, device, home)
+        run = _Run(client, nb_man, timeouts, interrupted, limits, seed, device, home)
         todo = parts(nb_man.nb)
         done, lost = 0, set()  # parts run so far; those among them that timed out or crashed
         while done < len(todo):
-            (workdir / guard.KEY_FILE).write_bytes(key)
             env = kernel_env(home, limits.threads)
             with client.setup_kernel(env=env, cwd=str(workdir)), _reaping(client):
                 if done:
@@ -343,7 +329,6 @@ class _Run:
     timeouts: dict[str, float]
     interrupted: set[int]
     limits: Limits
-    key: bytes
     seed: int
     device: str
     home: Path
@@ -358,13 +343,12 @@ class _Run:
         start = time.monotonic()
         limit = self.timeouts.get(part.exercise, EPILOGUE_CELL_TIMEOUT)
         answer_errors: list[str] = []
-        judged = part.exercise is not None and not judged_in_kernel(part.exercise)
         for index in part.cells:
             cell = nb.cells[index]
-            if judged and notebook.role(cell) == "grade":
+            if notebook.role(cell) == "grade":
                 continue  # the judge runs the checks, below
-            what = "your answer" if notebook.role(cell) == "answer" else (
-                "the checks" if notebook.role(cell) == "grade" else notebook.describe(cell))
+            what = ("your answer" if notebook.role(cell) == "answer"
+                    else notebook.describe(cell))
             late = self._late(limit, what)
             remaining = limit - (time.monotonic() - start) if part.exercise else limit
             if remaining <= 0:
@@ -385,22 +369,7 @@ class _Run:
                 raise RuntimeError(f"the grader's prologue failed: {error[0]}: {error[1]}")
         if part.exercise is None:
             return Outcome("", "passed", "", time.monotonic() - start)
-        grade_index = part.cells[-1]
-        if judged:
-            return self._judge(part.exercise, grade_index, start, limit, tuple(answer_errors))
-        duration = time.monotonic() - start
-        verdict, forged = _verdict(nb.cells[grade_index], part.exercise, self.key)
-        if verdict is None:
-            error = _reply_error(client, grade_index)
-            if forged:
-                detail = ("its verdict was not sealed by the grader: the notebook changed how the "
-                          "checks run or report (answers must not modify the grader)")
-            else:
-                detail = f"{error[0]}: {error[1]}" if error else "it produced no verdict"
-            return Outcome(part.exercise, "error", f"the checks could not run: {detail}",
-                           duration, tuple(answer_errors))
-        return Outcome(part.exercise, verdict["status"], verdict["message"], duration,
-                       tuple(answer_errors))
+        return self._judge(part.exercise, part.cells[-1], start, limit, tuple(answer_errors))
 
     @staticmethod
     def _late(limit: float, what: str) -> str:
@@ -501,11 +470,11 @@ class _KernelAnswer(Answer):
         self.count = 0
 
     def strays(self, when: str) -> str:
-        """What the kernel's guard finds running that the answer left behind, in words (its
-        :func:`grader.kernel.selfcheck.report_strays`), or ""."""
+        """What the answer left running in the kernel, in words
+        (:func:`grader.kernel.strays.report`), or ""."""
         self.count += 1
         report = self.folder / f"{self.count}.strays"
-        self._cell(f"__import__('grader.kernel.selfcheck').kernel.selfcheck.report_strays("
+        self._cell(f"__import__('grader.kernel.strays').kernel.strays.report("
                    f"{str(report)!r}, {when!r})")
         try:
             fd = os.open(report, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)

@@ -242,13 +242,10 @@ def kernel_isolation() -> Isolation:
 
 
 def _instructor_files(lab: Lab) -> tuple[str, ...]:
-    """What a grading kernel of ``lab`` must not see of the course: the reference solutions,
-    and the lab's checks when every exercise of the lab is judged by the grader (a lab with an
-    exercise still ``judged_in_kernel`` needs them in the kernel)."""
-    hidden = [str(lab.root / "solutions")]
-    if not any(e.judged_in_kernel for e in lab.exercises):
-        hidden += [str(p) for p in (lab.root / "labs" / lab.id).glob("checks*")]
-    return tuple(hidden)
+    """What a grading kernel of ``lab`` must not see of the course: the reference solutions and
+    the lab's checks (the judges, which run in the grader's process)."""
+    return (str(lab.root / "solutions"),
+            *(str(p) for p in (lab.root / "labs" / lab.id).glob("checks*")))
 
 
 #: the shortest line of a check's source that, quoted in an output, withholds the output
@@ -282,14 +279,13 @@ def _withhold_check_source(executed: Path, lab: Lab) -> int:
 def _load_judges(lab: Lab) -> None:
     """Import ``lab``'s checks (and so torch and what they judge with) in a thread of their
     own, while its kernel starts and runs its first cells, instead of when the first exercise
-    is judged (2 to 4 s of a lab's grading); nothing when every exercise is still judged in the
-    kernel, or they are imported already."""
+    is judged (2 to 4 s of a lab's grading); nothing when they are imported already."""
     import importlib
     import sys
     import threading
 
     name = f"labs.{lab.id}.checks"
-    if name in sys.modules or all(e.judged_in_kernel for e in lab.exercises):
+    if name in sys.modules:
         return
     threading.Thread(target=importlib.import_module, args=(name,), daemon=True,
                      name="load-judges").start()
@@ -321,7 +317,7 @@ def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *
     device, seed = env.device, env.seed
     release = notebook.read(lab.release_path)
     skipped = {e.id: r for e in lab.exercises if (r := e.unmet(device))}
-    built = assemble(release, submission, lab, seed=seed, device=device, skipped=skipped)
+    built = assemble(release, submission, lab, skipped=skipped)
     outcomes: dict[str, Outcome] = {}
 
     def record(outcome: Outcome) -> None:
@@ -363,7 +359,7 @@ def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *
                 parameters={"device": device, "seed": seed, "torch_policy": torch_policy},
                 engine_name="grader", kernel_name="python3", progress_bar=False, cwd=str(work),
                 on_outcome=record, timeouts=timeouts, workdir=work, home=home, limits=limits,
-                key=secrets.token_bytes(32), input_name=path.name, seed=seed, device=device)
+                input_name=path.name, seed=seed, device=device)
         except PapermillExecutionError:
             pass  # some cell raised: each exercise's outcome already says what that cost
         except Exception as exc:  # the kernel could not start, the output could not be written...

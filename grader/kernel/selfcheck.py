@@ -1,11 +1,10 @@
-"""What runs inside the notebook's kernel: the learner's self-check, progress and hints, and the
-grader's check cell.
+"""What the learner calls in the notebook: the self-check, progress and hints.
 
-The self-check (:func:`check`) and the grader's cell (:func:`grade`) both look up the exercise's
-answer by the name in the lab's table, in the notebook's namespace (``__main__``), and call
-:func:`grader.checks.run_checks`: the self-check runs the public checks, the grader's cell runs
-public then hidden ones and emits the verdict as one output of mimetype :data:`VERDICT_MIME`
-that the grader reads back. :func:`progress` shows every exercise's last self-check, and each
+The self-check (:func:`check`) looks up the exercise's answer by the name in the lab's table, in
+the notebook's namespace (``__main__``), and calls :func:`grader.checks.run_checks` on its public
+checks, in this process, through the same probes and judges a grading run uses (there the judges
+run in the grader's own process, and the hidden checks too). :func:`progress` shows every
+exercise's last self-check, and each
 :func:`check` updates that display; :func:`hint` shows an exercise's next hint
 (``labs/<lab>/hints.toml``), as does the button under a failing verdict.
 :func:`require_torch`, called by every lab's setup cell, applies the torch-version policy.
@@ -13,15 +12,11 @@ that the grader reads back. :func:`progress` shows every exercise's last self-ch
 from __future__ import annotations
 
 import sys
-import time
 
+from grader.checks import Verdict, run_checks
 from grader.kernel import display as rich
-from grader.kernel import guard
-from grader.checks import Verdict, run_checks, torch_defaults
 from grader.labs import lab_ids, load_hints, load_lab
 from grader.results import PINNED_TORCH, installed_torch, is_pinned_torch
-
-VERDICT_MIME = "application/vnd.pytorch-internals.verdict+json"
 
 #: what the notebook's ``torch_policy`` parameter may say (see :func:`require_torch`)
 TORCH_POLICIES = ("warn", "refuse", "allow")
@@ -43,11 +38,11 @@ def _answer(exercise_id: str):
     return namespace[name], None
 
 
-def _verdict(exercise_id: str, *, seed: int, device: str, hidden: bool) -> Verdict:
+def _verdict(exercise_id: str, *, seed: int, device: str) -> Verdict:
     answer, missing = _answer(exercise_id)
     if missing:
         return Verdict(exercise_id, "error", missing, 0, 0, seed)
-    return run_checks(exercise_id, answer, seed=seed, device=device, hidden=hidden)
+    return run_checks(exercise_id, answer, seed=seed, device=device, hidden=False)
 
 
 def check(exercise_id: str) -> None:
@@ -70,7 +65,7 @@ def check(exercise_id: str) -> None:
     if reason := exercise.unmet(device):
         status, message = "skipped", reason
     else:
-        v = _verdict(exercise_id, seed=seed, device=device, hidden=False)
+        v = _verdict(exercise_id, seed=seed, device=device)
         status, message = v.status, v.message
     _LAST[exercise_id] = status
     display(rich.verdict(exercise_id, exercise.title, status, message), raw=True)
@@ -214,70 +209,3 @@ def _hint_panel(exercise_id: str):
     label()
     button.on_click(reveal)
     return widgets.VBox([button, shown])
-
-
-def _guarded(exercise_id: str, *, seed: int, device: str) -> Verdict:
-    """The verdict, unless the answer left threads or processes running (before or during the
-    checks): then ``error`` saying so."""
-    if message := _strays("after its answer cells ran"):
-        return Verdict(exercise_id, "error", message + " The checks did not run.", 0, 0, seed)
-    v = _verdict(exercise_id, seed=seed, device=device, hidden=True)
-    if message := _strays("while the checks called it"):
-        return Verdict(exercise_id, "error", message, 0, 0, seed)
-    return v
-
-
-def _strays(when: str) -> str:
-    threads, procs = guard.strays()
-    if not threads and not procs:
-        return ""
-    what = []
-    if threads:
-        what.append(f"{len(threads)} thread(s) running ({', '.join(threads[:3])})")
-    if procs:
-        what.append(f"{len(procs)} child process(es) running ({', '.join(procs[:3])}; the "
-                    "grader killed them)")
-    return (f"your answer left {' and '.join(what)} {when}. An answer must finish its work "
-            "before it returns: join the threads, wait for the processes.")
-
-
-def report_strays(path: str, when: str) -> None:
-    """The grader's stray cell, before and after it judges an exercise: write to ``path`` what
-    :func:`_strays` finds (threads running the notebook's code, child processes, which are
-    killed), in words, or nothing. An observation in the kernel, like a probe's."""
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(_strays(when))
-
-
-def grade(exercise_id: str, *, seed: int, device: str,
-          _guard=(guard.armed, guard.tampering, guard.seal, guard.key, Verdict,
-                  torch_defaults)) -> None:
-    """The grader's check cell: run every check and emit the verdict as a VERDICT_MIME output,
-    sealed with the run's key (in a kernel the grader armed; see :mod:`grader.kernel.guard`).
-
-    ``_guard`` holds the guard's functions as they were when this module was imported, before
-    any learner code; they run first, so a notebook that replaced
-    ``grader.kernel.guard.tampering`` or any other global of the grader's (each of which the guard
-    watches) gets ``error``. The guard compares under torch's default global state
-    (:func:`grader.checks.torch_defaults`), as the checks run: a notebook that changed the default
-    dtype is not tampering."""
-    from IPython.display import display
-
-    armed, tampering, seal, key, verdict, defaults = _guard
-    start = time.perf_counter()
-    with defaults():  # (torch rebinds some of its own names under other defaults)
-        changed = tampering(exercise_id) if armed() else []
-    if not armed():
-        v = _verdict(exercise_id, seed=seed, device=device, hidden=True)
-    elif changed:
-        shown = ", ".join(f"`{n}`" for n in changed[:3]) + (
-            f" and {len(changed) - 3} more" if len(changed) > 3 else "")
-        v = verdict(exercise_id, "error", f"the notebook replaced {shown}, which the checks rely "
-                    "on; answers must not modify torch, Python's builtins or the grader. The "
-                    "checks did not run.", 0, 0, seed)
-    else:
-        v = _guarded(exercise_id, seed=seed, device=device)
-    payload = v.to_dict() | {"duration_s": round(time.perf_counter() - start, 3)}
-    if armed():
-        payload["seal"] = seal(payload, key())
-    display({VERDICT_MIME: payload, "text/plain": f"{v.exercise}: {v.status}"}, raw=True)

@@ -24,7 +24,7 @@ import torch._inductor.config as inductor_config
 from torch import fx
 from torch.utils._config_module import _UNSET_SENTINEL
 
-from grader.checks import grading, plain, probe, raised
+from grader.checks import plain, probe, raised
 from labs.compile import programs, viz
 
 #: how much of an exception's message a probe returns
@@ -549,13 +549,13 @@ def compiled_kernels(fn, x: torch.Tensor) -> dict:
     the output, "codes": how many output codes Inductor wrote, "generated": [kernel names],
     "fallbacks": [ATen fallback / extern calls]}``, or ``{"unsupported": the first line of the
     graph break Dynamo reported}``."""
-    # When grading, an empty cache of its own: nothing in Inductor's caches (the kernel's copy of
-    # the grader's warm cache, what the notebook compiled, or planted) stands in for the code;
-    # elsewhere, the FX graph cache off, so that the code is generated (and seen) every time
-    from torch._inductor.utils import fresh_cache, run_and_get_code
+    # the FX graph cache off: the code is generated (and seen) every time, so nothing in
+    # Inductor's caches (the kernel's copy of the grader's warm cache, what the notebook
+    # compiled, or planted) stands in for it
+    from torch._inductor.utils import run_and_get_code
 
     try:
-        with fresh_cache() if grading() else inductor_config.patch(fx_graph_cache=False):
+        with inductor_config.patch(fx_graph_cache=False):
             got, codes = run_and_get_code(torch.compile(fn, fullgraph=True), x)
     except torch._dynamo.exc.Unsupported as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from grader import notebook  # noqa: E402
 from grader.labs import load_lab  # noqa: E402
-from grader.kernel.selfcheck import VERDICT_MIME  # noqa: E402
+from grader.judge.execute import VERDICT_MIME  # noqa: E402
 
 #: a value planted in the grader's environment; no submission may see it
 SECRET_ENV = ("GRADER_HOSTILE_SECRET", "hunter2-not-for-learners")
@@ -287,11 +287,11 @@ torch.allclose = lambda *a, **k: True
 torch.testing.assert_close = lambda *a, **k: None
 '''
 
-_PATCH_GUARD = _WRONG_GRADS + '''
-import grader.kernel.guard
-grader.kernel.guard.tampering = lambda *args, **kwargs: []
-grader.kernel.guard.strays = lambda: ([], [])
-grader.kernel.guard._same = lambda *args: True
+_PATCH_OBSERVERS = _WRONG_GRADS + '''
+import grader.kernel.probe, grader.kernel.strays
+grader.kernel.strays.strays = lambda: ([], [])
+grader.kernel.strays.describe = lambda when: ""
+grader.kernel.probe.state_changes = lambda: []
 '''
 
 _PATCH_TORCH_INTERNALS = '''
@@ -543,9 +543,10 @@ FIXTURES = [
              "mini-ddp": ("error", "rank 1 exited (exit code 0) before returning a result"),
              "dtensor-redistribute": ("failed", "a process group was initialized in the "
                                       "notebook's own process")}),
-    Fixture("answer-duplicated-and-patched-guard", "an answer cell duplicated (a wrong first "
-            "try above); the guard itself patched to see nothing, then torch patched", A,
-            chain(_duplicate_answer, after(A, "per-sample-grads", _PATCH_GUARD)),
+    Fixture("answer-duplicated-and-patched-observers", "an answer cell duplicated (a wrong "
+            "first try above); what the grader observes in the kernel (strays, torch's state) "
+            "patched to see nothing, then torch patched", A,
+            chain(_duplicate_answer, after(A, "per-sample-grads", _PATCH_OBSERVERS)),
             {"per-sample-grads": ("failed", _PER_SAMPLE_MISS)},
             notes=("autograd.engine has 2 answer cells; they ran in order, so the last, the "
                    "code cell starting \"import heapq\", defines",)),

@@ -9,7 +9,8 @@ A cell's role lives in ``cell.metadata["course"]``:
   ``check("<lab>.<slug>")``.
 
 The grader's assembled notebook adds roles of its own: ``prologue`` (its first cell, which notes
-what the kernel runs before any learner code), ``grade`` (its check cells) and ``learner`` (cells the learner added).
+what the kernel runs before any learner code), ``grade`` (its check cells) and ``learner`` (cells
+the learner added).
 
 The notebook's ``metadata["course"]["lab"]`` names its lab; the papermill ``parameters`` cell
 (tag ``parameters``) defines ``device`` and ``seed``.

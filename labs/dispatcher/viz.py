@@ -1,8 +1,8 @@
 """Pictures and explorers for lab 1 (the dispatcher), each one call from a notebook cell.
 
 Pictures return a ``matplotlib.figure.Figure`` built without pyplot (no global state); importing
-:mod:`grader.kernel.display` registers the formatter that shows it in JupyterLab. Explorers return an
-``ipywidgets.VBox`` whose result is an ``ipywidgets.HTML`` (its ``.value`` is readable without a
+:mod:`grader.kernel.display` registers the formatter that shows it in JupyterLab. Explorers return
+an ``ipywidgets.VBox`` whose result is an ``ipywidgets.HTML`` (its ``.value`` is readable without a
 kernel). Everything is computed from the installed torch: strides and offsets from the tensor
 itself, key sets from ``torch._C._dispatch_keys`` and the thread-local sets, kernels and
 fallthroughs from the operator's computed dispatch table.
@@ -240,7 +240,8 @@ class DispatchState:
     keyset: str = ""
 
     def table(self):
-        """The rows as a :func:`grader.kernel.display.table` (HTML in JupyterLab, text elsewhere)."""
+        """The rows as a :func:`grader.kernel.display.table` (HTML in JupyterLab, text
+        elsewhere)."""
 
         def yes(b):
             return "yes" if b else ""

@@ -2,9 +2,13 @@
 "given this submission, this status and this message"."""
 import copy
 import json
+import os
 import shutil
+import sys
+import tempfile
 
 import jsonschema
+import pytest
 
 from grader import notebook
 from grader.cli import main
@@ -221,3 +225,42 @@ def test_an_output_that_quotes_the_checks_is_withheld_from_every_report(tmp_path
     assert "raise CheckFailure(f\"for ({a}, {b}) expected" not in executed
     assert "quoted the grader's checks and was withheld" in executed
     assert "1 output(s) of the notebook quoted the grader's checks" in " ".join(result.notes)
+
+
+
+SEES = """
+import glob, os, grader
+root = os.path.dirname(os.path.dirname(grader.__file__))
+full = [n for n in sorted(os.listdir(root))
+        if os.path.isdir(os.path.join(root, n)) and os.listdir(os.path.join(root, n))]
+print("SEES course", *full)
+print("SEES runs", len(os.listdir(os.path.dirname(os.path.dirname(os.getcwd())))))
+print("SEES toy-solutions", *os.listdir(os.path.join(root, "tests", "fixtures", "solutions")))
+print("SEES checks", *[p for p in glob.glob(os.path.join(root, "labs", "*", "checks*"))
+                       if not os.path.isdir(p) or os.listdir(p)])
+""" + ADD
+
+
+def test_a_kernel_sees_of_the_course_only_what_it_imports_and_of_the_runs_only_its_own(tmp_path):
+    """In its mount namespace (as root), a kernel finds the course's folders but ``grader/`` and
+    ``labs/`` (and a venv) empty: no reference solutions, no ``.git``, no earlier grades, no
+    tests, no lab's checks; and the folder of every run holds only its own."""
+    from grader.judge.grade import kernel_isolation, runs_folder
+
+    if not kernel_isolation().namespace:
+        pytest.skip(f"no mount namespace here: {kernel_isolation().words}")
+    other = tempfile.mkdtemp(prefix="grade-", dir=runs_folder())  # another run's folder
+    try:
+        ex, _ = grade(submit(tmp_path, add=SEES, mul=MUL))
+    finally:
+        os.rmdir(other)
+    assert ex["toy.add"].status == "passed"
+    nb = notebook.read(tmp_path / "out" / "sub.executed.ipynb")
+    said = "".join(o.get("text", "") for c in nb.cells if notebook.exercise_of(c) == "toy.add"
+                   and notebook.role(c) == "answer" for o in c.outputs)
+    lines = {line.split()[1]: line.split()[2:] for line in said.splitlines()
+             if line.startswith("SEES ")}
+    venv = os.path.relpath(sys.prefix, ROOT).split(os.sep)[0]
+    # (the toy lab's own course, tests/fixtures, is under tests/: that one stays)
+    assert set(lines["course"]) <= {"grader", "labs", "tests", venv}, lines
+    assert lines["runs"] == ["1"] and lines["checks"] == [] and lines["toy-solutions"] == []

@@ -3,11 +3,13 @@ the ``grader`` engine, and turn the outcomes into a :class:`LabResult` that is a
 even when grading could not happen (then every exercise scores 0 with the reason)."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
 import secrets
+import stat
 import tempfile
 import time
 from dataclasses import replace
@@ -18,6 +20,7 @@ import nbformat.v4 as v4
 import papermill
 from papermill.exceptions import PapermillExecutionError
 
+import grader
 from grader import __version__, notebook
 from grader.judge.assemble import assemble
 from grader.errors import GraderError
@@ -241,11 +244,32 @@ def kernel_isolation() -> Isolation:
     return isolation(readable)
 
 
-def _instructor_files(lab: Lab) -> tuple[str, ...]:
-    """What a grading kernel of ``lab`` must not see of the course: the reference solutions and
-    the lab's checks (the judges, which run in the grader's process)."""
-    return (str(lab.root / "solutions"),
-            *(str(p) for p in (lab.root / "labs" / lab.id).glob("checks*")))
+def _course_hidden(lab: Lab) -> tuple[str, ...]:
+    """What a grading kernel of ``lab`` must not see of its course: every folder of it but
+    ``grader/`` and ``labs/`` (and one holding the interpreter, such as a venv): the reference
+    solutions, the repository's history (``.git``), earlier grades (``build/``), the tests; and
+    every lab's checks (the judges, which run in the grader's process)."""
+    hidden = set()
+    for root in {lab.root, grader.ROOT}:
+        hidden |= {p for p in root.iterdir() if p.is_dir() and not p.is_symlink()
+                   and p.name not in ("grader", "labs") and not _needed(p, lab)}
+        hidden |= set((root / "labs").glob("*/checks*"))
+    return tuple(sorted(map(str, hidden)))
+
+
+def runs_folder() -> Path:
+    """The folder every run folder of this user's gradings is made in,
+    ``<temp>/grader-runs-<uid>`` (mode 0711: a kernel's user may cross it into its own run
+    folder only): one folder that a kernel's mount namespace hides whole, its own run put back,
+    wherever the course and the interpreter are. Raises GraderError when that name is taken by
+    something else (a link, a file, another user's folder)."""
+    folder = Path(tempfile.gettempdir()) / f"grader-runs-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(mode=0o711)
+    found = os.lstat(folder)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid():
+        raise GraderError(f"{folder} is not a folder of this user's; remove it, then grade again")
+    return folder
 
 
 #: the shortest line of a check's source that, quoted in an output, withholds the output
@@ -292,8 +316,8 @@ def _load_judges(lab: Lab) -> None:
 
 
 def _needed(folder: Path, lab: Lab) -> bool:
-    """Whether a kernel of ``lab`` needs something in ``folder``: the course, the interpreter
-    or its libraries (a course or venv in the temporary folder, as in a trial clone)."""
+    """Whether a kernel of ``lab`` needs something in ``folder``: the lab's course, the
+    interpreter or its libraries (a venv inside the course, say)."""
     import sys
 
     needed = [lab.root, Path(sys.prefix), Path(sys.executable).resolve().parent]
@@ -333,14 +357,15 @@ def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *
     limits = Limits(memory=int(lab.memory_gib * 2**30),
                     cpu=int((sum(timeouts.values()) + 300) * (os.cpu_count() or 1)),
                     threads=threads, user=user,
-                    hide=(*hide, *_instructor_files(lab)) if walls.namespace else ())
+                    hide=(*hide, *_course_hidden(lab), str(runs_folder()))
+                    if walls.namespace else ())
     # the kernel works in run/work (empty: only what the learner writes lands there); its
     # home, temporary files and sockets are in run/home
     # Inductor's cache starts warm: a copy of what the course's reference solutions compiled;
     # only a run of the reference solution itself (these very bytes) writes that back
     warm = warm_cache_dir(lab)
     reference = lab.root / "solutions" / f"{lab.notebook}.ipynb"
-    with tempfile.TemporaryDirectory(prefix="grade-") as run:
+    with tempfile.TemporaryDirectory(prefix="grade-", dir=runs_folder()) as run:
         work, home = Path(run) / "work", Path(run) / "home"
         work.mkdir()
         (home / "probe").mkdir(parents=True)
@@ -350,8 +375,6 @@ def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *
             for folder in (work, home):
                 _chown_tree(folder, *user)
         limits = replace(limits, writable=(run,))
-        if limits.hide and not _needed(Path(run).parent, lab):  # the other runs' folders too
-            limits = replace(limits, hide=(*limits.hide, str(Path(run).parent)))
         _load_judges(lab)
         try:
             papermill.execute_notebook(

@@ -55,7 +55,8 @@ def _machine_folders() -> list[tuple[str, str]]:
 
 
 _FOLDERS = _machine_folders()
-_RUN_FOLDER = re.compile(re.escape(tempfile.gettempdir()) + r"/grade-[^/\s]+")
+#: a run's folder (:func:`grader.judge.grade.runs_folder`: ``<temp>/grader-runs-<uid>/grade-*``)
+_RUN_FOLDER = re.compile(re.escape(tempfile.gettempdir()) + r"(/grader-runs-\d+)?/grade-[^/\s]+")
 
 
 def _unpath(text: str) -> str:

@@ -12,7 +12,8 @@ neighbour's result and hand-in must come out untouched. The kinds are issue #29'
    mutated, a trace function, IPython event hooks);
 3. checks switched off in the registry;
 4. a thread or timer that swaps functions in while the checks run;
-5. instructor files read from the kernel (the reference answers, the hidden checks);
+5. instructor files read from the kernel (the reference answers, also from git's history and
+   earlier grades; the hidden checks);
 6. hidden checks' source put into the reports through the learner's own output;
 7. a process that outlives the kernel and rewrites results after the grader exits;
 8. one hand-in reading, copying or rewriting another's, or killing its kernel;
@@ -119,6 +120,13 @@ for path in [root / "solutions" / "03_allocator.ipynb",
         found[path.name] = path.read_text()
     except OSError as exc:
         print("cannot read", path.name, type(exc).__name__)
+import glob, subprocess
+for text in [subprocess.run(["git", "-C", str(root), "show", "HEAD:solutions/03_allocator.ipynb"],
+                            capture_output=True, text=True).stdout,
+             *(open(p).read() for p in glob.glob(str(root / "build" / "**" / "*03_allocator*"),
+                                                 recursive=True))]:
+    if '"allocator.oom-forensics"' in text:  # the reference, from git's history or old grades
+        found.setdefault("03_allocator.ipynb", text)
 if "03_allocator.ipynb" in found:
     import json as _json
     for cell in _json.loads(found["03_allocator.ipynb"])["cells"]:

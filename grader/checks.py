@@ -39,7 +39,7 @@ from grader.kernel import probe as _probe
 from grader.kernel.probe import plain, probe, raised, seeded_rng, state_changes, torch_defaults
 
 __all__ = ["Answer", "AnswerError", "AnswerRaised", "CheckContext", "CheckFailure", "Verdict",
-           "check", "checks_for", "exact", "paired", "plain", "plain_tensor", "probe", "raised",
+           "ahead", "check", "checks_for", "exact", "paired", "plain", "plain_tensor", "probe", "raised",
            "run_checks", "state_changes", "torch_defaults"]
 
 MAX_MESSAGE_CHARS = 1200
@@ -123,6 +123,37 @@ def check(exercise_id: str, *, hidden: bool = False):
         return fn
 
     return register
+
+
+#: lab id -> the functions that start, ahead of its checks, work its judges will need
+_AHEAD: dict[str, list[Callable[[int], None]]] = {}
+
+
+def ahead(lab_id: str):
+    """Decorator registering ``fn(seed)``: work the judges of ``lab_id`` will need for the run's
+    seed (an oracle's run on the seeded cases, seconds of it), which the grader starts in a
+    thread of its own as soon as it has the lab's checks, while the kernel still runs the
+    notebook (:func:`start_ahead`). It only starts what the checks would compute anyway: it
+    holds no verdict and never calls the answer; a check finds that work done or does it. Such
+    a function is the grader's only: a learner's copy of the course leaves it out, as it does
+    hidden checks (``grader dist student``)."""
+
+    def register(fn):
+        _AHEAD.setdefault(lab_id, []).append(fn)
+        return fn
+
+    return register
+
+
+def start_ahead(lab_id: str, seed: int) -> None:
+    """Import the checks of ``lab_id`` and call what they registered with :func:`ahead` for
+    ``seed``. Raises nothing: what goes wrong here, the checks meet again and report."""
+    try:
+        importlib.import_module(f"labs.{lab_id}.checks")
+        for fn in _AHEAD.get(lab_id, ()):
+            fn(seed)
+    except Exception:  # (left to the checks, which do the same work again)
+        pass
 
 
 def checks_for(exercise_id: str, *, hidden: bool = True) -> list[Check]:

@@ -132,10 +132,15 @@ def _defs(tree: ast.Module) -> list[tuple[str, ast.stmt, int]]:
     return out
 
 
+def _decorated(node: ast.stmt, name: str) -> bool:
+    """Whether ``node`` is decorated with ``@<name>(...)``."""
+    return any(isinstance(d, ast.Call) and getattr(d.func, "id", getattr(d.func, "attr", ""))
+               == name for d in getattr(node, "decorator_list", ()))
+
+
 def _registers_a_check(node: ast.stmt) -> bool:
     """Whether ``node`` is decorated with ``@check(...)`` (a check: nothing names it)."""
-    return any(isinstance(d, ast.Call) and getattr(d.func, "id", getattr(d.func, "attr", ""))
-               == "check" for d in getattr(node, "decorator_list", ()))
+    return _decorated(node, "check")
 
 
 def _names_used(source: str) -> Counter:
@@ -172,8 +177,9 @@ def withhold_hidden(labs_dir: Path, public_sources: list[str]) -> tuple[dict[str
                                                                         Counter]:
     """(the new text of each check module under ``labs_dir`` (``labs/``) that changes, keyed by
     its path relative to ``labs_dir``; how many hidden checks each exercise lost). Every hidden
-    check's definition is removed, then every top-level function, class or constant of a check
-    module that nothing shipped reads any more (helpers and data only hidden checks used).
+    check's definition is removed, and every function the grader runs ahead of the checks
+    (``@ahead``), then every top-level function, class or constant of a check module that
+    nothing shipped reads any more (helpers and data only those used).
 
     ``public_sources`` is other code that ships (the released notebooks' cells): a name it
     reads is kept. Raises GraderError when a hidden check is not a top-level definition of its
@@ -198,6 +204,13 @@ def withhold_hidden(labs_dir: Path, public_sources: list[str]) -> tuple[dict[str
             first = next(f for _, n, f in defs if n is node)
             _cut(lines[path], first, node.end_lineno)
             withheld[exercise] += 1
+        lines[path] = _tidy(lines[path]).splitlines()
+    for path, module in modules.items():  # the grader's work ahead (grader.checks.ahead)
+        ahead = [(n, f) for _, n, f in _defs(ast.parse("\n".join(lines[path])))
+                 if _decorated(n, "ahead")]
+        for node, first in reversed(ahead):
+            _cut(lines[path], first, node.end_lineno)
+            changed.add(path)
         lines[path] = _tidy(lines[path]).splitlines()
     checks_dirs = [p for p in modules if "checks" in p.relative_to(labs_dir).parts]
     while True:  # drop what only the removed checks read, until nothing more goes

@@ -215,3 +215,15 @@ def test_input_in_an_answer_the_checks_call_says_the_grader_has_no_keyboard():
     v = run_checks("toy.add", add)
     assert v.status == "error" and "the grader has none: remove the call" in v.message
     assert ".." not in v.message
+
+
+def test_work_ahead_gets_the_seed_and_what_goes_wrong_there_is_left_to_the_checks(monkeypatch):
+    from grader import checks
+
+    monkeypatch.setattr(checks, "_AHEAD", {})
+    seen = []
+    checks.ahead("toy")(seen.append)
+    checks.ahead("toy")(lambda seed: 1 / 0)
+    checks.start_ahead("toy", 5)  # (raises nothing)
+    checks.start_ahead("no-such-lab", 5)
+    assert seen == [5]

@@ -119,6 +119,16 @@ def test_the_learners_copy_has_no_solution_and_no_hidden_check(copy):
     assert not leaks, "\n".join(f"{w}: {lines} in {p}" for w, lines, p in leaks[:20])
 
 
+def test_the_graders_work_ahead_and_what_only_it_reads_stay_out_of_the_copy(copy):
+    """Lab 5's judges start their oracles ahead (``@ahead``) from the hidden cases too: those
+    functions, and the hidden cases they read, are the grader's only."""
+    ours = (ROOT / "labs" / "distributed" / "checks" / "fsdp_memory.py").read_text()
+    assert "@ahead(" in ours and "def _hidden(" in ours
+    for path in (copy / "labs").rglob("*.py"):
+        text = path.read_text()
+        assert "@ahead(" not in text and "def _hidden(" not in text, path
+
+
 def test_the_grep_finds_a_hidden_check_or_an_answer_that_ships(copy, tmp_path):
     """The grep above is not blind: a copy with one hidden check put back, or one reference
     answer pasted into a lab module, is caught."""

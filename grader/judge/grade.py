@@ -300,18 +300,16 @@ def _withhold_check_source(executed: Path, lab: Lab) -> int:
     return count
 
 
-def _load_judges(lab: Lab) -> None:
+def _load_judges(lab: Lab, seed: int) -> None:
     """Import ``lab``'s checks (and so torch and what they judge with) in a thread of their
     own, while its kernel starts and runs its first cells, instead of when the first exercise
-    is judged (2 to 4 s of a lab's grading); nothing when they are imported already."""
-    import importlib
-    import sys
+    is judged (2 to 4 s of a lab's grading), and start there what they do ahead for ``seed``
+    (:func:`grader.checks.ahead`: lab 5's oracle rank worlds)."""
     import threading
 
-    name = f"labs.{lab.id}.checks"
-    if name in sys.modules:
-        return
-    threading.Thread(target=importlib.import_module, args=(name,), daemon=True,
+    from grader.checks import start_ahead
+
+    threading.Thread(target=start_ahead, args=(lab.id, seed), daemon=True,
                      name="load-judges").start()
 
 
@@ -375,7 +373,7 @@ def _grade(path: Path, submission, lab: Lab, env: Environment, executed: Path, *
             for folder in (work, home):
                 _chown_tree(folder, *user)
         limits = replace(limits, writable=(run,))
-        _load_judges(lab)
+        _load_judges(lab, seed)
         try:
             papermill.execute_notebook(
                 built.nb, str(executed),

@@ -26,7 +26,6 @@ init_process_group; torch/csrc/distributed/c10d/FileStore.hpp: FileStore.)
 """
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import ctypes
 import datetime
@@ -129,18 +128,6 @@ def run(fn, world_size: int, *args, timeout: float = TIMEOUT, backend: str = "gl
                     for line in r.output().splitlines():
                         print(f"[rank {r.rank}] {line}")
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def ahead(fn, world_size: int, *args, **kwargs) -> concurrent.futures.Future:
-    """:func:`run` started now in a thread of its own; ``.result()`` waits for the ranks' values
-    (or raises what :func:`run` raised). A judge starts its own world (the oracle) this way
-    before it calls the answer in the kernel, so that the two worlds run side by side rather
-    than one after the other. The thread ends with the call."""
-    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="oracle-ranks")
-    try:
-        return pool.submit(run, fn, world_size, *args, **kwargs)
-    finally:
-        pool.shutdown(wait=False)
 
 
 class _Rank:

@@ -27,9 +27,9 @@ import math
 import torch
 import torch.distributed as dist
 
-from grader.checks import CheckFailure, check
+from grader.checks import CheckFailure, ahead, check
 from labs.distributed.checks._comms import CommLog
-from labs.distributed.launch import ahead
+from labs.distributed.checks._oracles import oracle
 
 EXERCISE = "distributed.collective-cost"
 #: the (op, algorithm) pairs the exercise asks about
@@ -202,10 +202,10 @@ def _answer(collective_cost, op, algorithm, nbytes, p, alpha, beta):
 
 
 def _compare(collective_cost, p: int, sizes: dict, alpha: float, beta: float) -> None:
-    oracle = ahead(_measure, p, sizes, echo=False)
+    real_run = oracle(_measure, p, sizes)
     answers = [_answer(collective_cost, op, algorithm, nbytes, p, alpha, beta)
                for (op, algorithm), nbytes in sizes.items()]
-    measured = oracle.result()
+    measured = real_run.result()
     for ((op, algorithm), _), (what, sent, seconds) in zip(sizes.items(), answers):
         real = [m[op, algorithm][0] for m in measured]
         if sent != real:
@@ -220,18 +220,38 @@ def _compare(collective_cost, p: int, sizes: dict, alpha: float, beta: float) ->
                 "number of alpha terms on the critical path; count the steps, not the messages).")
 
 
+def _public(seed: int) -> list[tuple[int, dict, float, float]]:
+    """(world size, message sizes by case, alpha, beta) of the public check."""
+    return [(4, {case: 4096 for case in CASES}, 1e-5, 1e-9)]
+
+
+def _hidden(seed: int) -> list[tuple[int, dict, float, float]]:
+    """(world size, message sizes by case, alpha, beta) of the hidden check's worlds."""
+    g = torch.Generator().manual_seed(seed)
+    worlds = []
+    for p in (2, 3, 5):
+        sizes = {case: 4 * p * int(torch.randint(1, 300, (1,), generator=g)) for case in CASES}
+        alpha = float(torch.empty(()).uniform_(1e-6, 5e-5, generator=g))
+        beta = float(torch.empty(()).uniform_(1e-10, 1e-8, generator=g))
+        worlds.append((p, sizes, alpha, beta))
+    return worlds
+
+
+@ahead("distributed")
+def _measured_ahead(seed: int) -> None:
+    for p, sizes, _, _ in _public(seed) + _hidden(seed):
+        oracle(_measure, p, sizes)
+
+
 @check(EXERCISE)
 def four_ranks(collective_cost, ctx):
     """bytes and seconds of six algorithms on 4 real ranks, 4 KiB messages"""
-    _compare(collective_cost, 4, {case: 4096 for case in CASES}, 1e-5, 1e-9)
+    for world in _public(ctx.seed):
+        _compare(collective_cost, *world)
 
 
 @check(EXERCISE, hidden=True)
 def other_worlds(collective_cost, ctx):
     """bytes and seconds on 2, 3 and 5 real ranks, seeded sizes, alpha and beta"""
-    g = torch.Generator().manual_seed(ctx.seed)
-    for p in (2, 3, 5):
-        sizes = {case: 4 * p * int(torch.randint(1, 300, (1,), generator=g)) for case in CASES}
-        alpha = float(torch.empty(()).uniform_(1e-6, 5e-5, generator=g))
-        beta = float(torch.empty(()).uniform_(1e-10, 1e-8, generator=g))
-        _compare(collective_cost, p, sizes, alpha, beta)
+    for world in _hidden(ctx.seed):
+        _compare(collective_cost, *world)

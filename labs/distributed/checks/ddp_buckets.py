@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from grader.checks import CheckFailure, check
+from grader.checks import CheckFailure, ahead, check
 from labs.distributed import probes
-from labs.distributed.launch import ahead
+from labs.distributed.checks._oracles import oracle
 from labs.distributed.models import Crossed, build, mlp
 
 EXERCISE = "distributed.ddp-buckets"
@@ -33,8 +33,10 @@ def _spec(model: nn.Module, **spec) -> dict:
     return spec | {"state": dict(model.state_dict())}
 
 
-def _record(model: nn.Module, sample: torch.Tensor, cap) -> dict:
-    """On every rank: DDP's buckets in iterations 1 and 2, by name."""
+def _record(spec: dict, sample: torch.Tensor, cap) -> dict:
+    """On every rank: DDP's buckets in iterations 1 and 2 of the model ``spec`` builds, by
+    name."""
+    model = build(spec)
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap)
     names = {id(p): n for n, p in model.named_parameters()}
     seen: list[tuple[int, list[str]]] = []
@@ -55,9 +57,9 @@ def _record(model: nn.Module, sample: torch.Tensor, cap) -> dict:
 
 
 def _compare(predict_buckets, spec: dict, sample: torch.Tensor, cap, what: str) -> None:
-    oracle = ahead(_record, 2, build(spec), sample, cap, echo=False)
+    real_run = oracle(_record, 2, spec, sample, cap)
     got = predict_buckets.probe(probes.ddp_buckets, spec, sample, cap)
-    real = oracle.result()[0]
+    real = real_run.result()[0]
     if not isinstance(got, dict) or set(got) != {"first", "rebuilt"}:
         raise CheckFailure(f"for {what}, predict_buckets returned {type(got).__name__} "
                            f"{sorted(got) if isinstance(got, dict) else ''}; return a dict with "
@@ -79,24 +81,23 @@ def _short(buckets: list[list]) -> str:
     return f"[{text}]" if len(text) <= 300 else f"[{text[:297]}...]"
 
 
-@check(EXERCISE)
-def small_mlp(predict_buckets, ctx):
-    """DDP's buckets in iterations 1 and 2 of an MLP and of layers run out of order"""
-    g = torch.Generator().manual_seed(ctx.seed)
+def _public(seed: int) -> list[tuple[dict, torch.Tensor, float | None, str]]:
+    """(model spec, sample, bucket_cap_mb, what) of the public check's cases."""
+    g = torch.Generator().manual_seed(seed)
     widths = [32, 64, 64, 10]
     model = _spec(mlp(widths, g), kind="mlp", widths=widths)
-    _compare(predict_buckets, model, torch.randn(4, 32, generator=g), 0.01,
-             "Sequential(32 -> 64 -> 64 -> 10), bucket_cap_mb=0.01")
+    cases = [(model, torch.randn(4, 32, generator=g), 0.01,
+              "Sequential(32 -> 64 -> 64 -> 10), bucket_cap_mb=0.01")]
     crossed = _spec(Crossed(48, g), kind="crossed", width=48)
-    _compare(predict_buckets, crossed, torch.randn(2, 48, generator=g), 0.01,
-             "Crossed(48): layers defined inp, late, early, out and run inp, early, late, out; "
-             "bucket_cap_mb=0.01")
+    return cases + [(crossed, torch.randn(2, 48, generator=g), 0.01,
+                     "Crossed(48): layers defined inp, late, early, out and run inp, early, "
+                     "late, out; bucket_cap_mb=0.01")]
 
 
-@check(EXERCISE, hidden=True)
-def seeded_models(predict_buckets, ctx):
-    """DDP's buckets of seeded MLPs and caps, a frozen layer, a cap met exactly, the default cap"""
-    g = torch.Generator().manual_seed(ctx.seed)
+def _hidden(seed: int) -> list[tuple[dict, torch.Tensor, float | None, str]]:
+    """(model spec, sample, bucket_cap_mb, what) of the hidden check's cases: seeded MLPs and
+    caps, a frozen layer, a cap met exactly, the default cap."""
+    g = torch.Generator().manual_seed(seed)
     widths = [int(w) for w in torch.randint(8, 80, (5,), generator=g)]
     cap = float(torch.empty(()).uniform_(0.005, 0.03, generator=g))
     exact = (widths[-2] + 1) * widths[-1] * 4 / MIB  # (a power of 2 apart: exact in a float)
@@ -111,5 +112,25 @@ def seeded_models(predict_buckets, ctx):
         (_spec(mlp(big, g), kind="mlp", widths=big),
          "an MLP of 3.1 MB with the default bucket_cap_mb (None)", None, 600),
     ]
-    for model, what, cap, width in cases:
-        _compare(predict_buckets, model, torch.randn(2, width, generator=g), cap, what)
+    return [(model, torch.randn(2, width, generator=g), cap, what)
+            for model, what, cap, width in cases]
+
+
+@ahead("distributed")
+def _buckets_ahead(seed: int) -> None:
+    for spec, sample, cap, _ in _public(seed) + _hidden(seed):
+        oracle(_record, 2, spec, sample, cap)
+
+
+@check(EXERCISE)
+def small_mlp(predict_buckets, ctx):
+    """DDP's buckets in iterations 1 and 2 of an MLP and of layers run out of order"""
+    for spec, sample, cap, what in _public(ctx.seed):
+        _compare(predict_buckets, spec, sample, cap, what)
+
+
+@check(EXERCISE, hidden=True)
+def seeded_models(predict_buckets, ctx):
+    """DDP's buckets of seeded MLPs and caps, a frozen layer, a cap met exactly, the default cap"""
+    for spec, sample, cap, what in _hidden(ctx.seed):
+        _compare(predict_buckets, spec, sample, cap, what)

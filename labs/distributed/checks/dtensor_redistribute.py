@@ -21,9 +21,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.debug import CommDebugMode
 
-from grader.checks import AnswerError, CheckFailure, check
+from grader.checks import AnswerError, CheckFailure, ahead, check
 from labs.distributed import probes
-from labs.distributed.launch import ahead
+from labs.distributed.checks._oracles import oracle
 from labs.distributed.probes import (
     comm_counts,
     describe,
@@ -75,14 +75,14 @@ def _oracle(seed: int, cases: list, shape: list) -> list[dict]:
 
 def _judge(redistribute, seed: int, cases: dict, shape: list) -> None:
     plain = _plain(cases)
-    oracle = ahead(_oracle, 4, seed, plain, shape, echo=False)
+    real_run = oracle(_oracle, 4, seed, plain, shape)
     seen = redistribute.probe(probes.redistribute, seed, plain, shape)
     if "failed" in seen:
         raise CheckFailure(seen["failed"])
     if "failure" in seen:
         raise AnswerError(seen["failure"])
     ranks = seen["ranks"]
-    wanted = oracle.result()
+    wanted = real_run.result()
     flat = [(mesh_shape, src, dst) for mesh_shape, pairs in plain for src, dst in pairs]
     for i, (mesh_shape, src, dst) in enumerate(flat):
         for rank in range(4):
@@ -118,6 +118,18 @@ def _check_case(mine: dict, oracle: dict, what: str) -> None:
             f"{describe(oracle['counts'])}.")
 
 
+def _hidden_shape(seed: int) -> list[int]:
+    """The hidden check's seeded tensor shape."""
+    g = torch.Generator().manual_seed(seed)
+    return [4 * int(k) for k in torch.randint(1, 5, (2,), generator=g)]
+
+
+@ahead("distributed")
+def _redistributed_ahead(seed: int) -> None:
+    for cases, shape in ((PUBLIC, [8, 12]), (HIDDEN, _hidden_shape(seed))):
+        oracle(_oracle, 4, seed, _plain(cases), shape)
+
+
 @check(EXERCISE)
 def public_pairs(redistribute, ctx):
     """local shards and collectives as DTensor's on meshes (4,) and (2, 2)"""
@@ -127,6 +139,4 @@ def public_pairs(redistribute, ctx):
 @check(EXERCISE, hidden=True)
 def more_pairs(redistribute, ctx):
     """local shards and collectives as DTensor's on more pairs, nested shards, seeded shapes"""
-    g = torch.Generator().manual_seed(ctx.seed)
-    shape = tuple(4 * int(k) for k in torch.randint(1, 5, (2,), generator=g))
-    _judge(redistribute, ctx.seed, HIDDEN, list(shape))
+    _judge(redistribute, ctx.seed, HIDDEN, _hidden_shape(ctx.seed))

@@ -23,15 +23,13 @@ _fsdp_param.py: FSDPParam (chunked on dim 0, torch.chunk); _fsdp_param_group.py:
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from grader.checks import CheckFailure, check
+from grader.checks import CheckFailure, ahead, check
 from labs.distributed import probes
-from labs.distributed.launch import ahead
+from labs.distributed.checks._oracles import oracle
 from labs.distributed.models import Stack, build
 
 EXERCISE = "distributed.fsdp-memory"
@@ -76,17 +74,17 @@ def measure(model: Stack, reshard_after_forward: bool | None) -> dict[str, int]:
             "peak_forward": max(samples), "after_forward": after}
 
 
-def _measure_each(model: Stack) -> dict:
-    """On every rank: :func:`measure` a fresh copy of ``model`` for each setting of
+def _measure_each(spec: dict) -> dict:
+    """On every rank: :func:`measure` a fresh model built from ``spec`` for each setting of
     reshard_after_forward (one process serves the three: DTensor's caches stay warm)."""
-    return {reshard: measure(copy.deepcopy(model), reshard) for reshard in (None, True, False)}
+    return {reshard: measure(build(spec), reshard) for reshard in (None, True, False)}
 
 
 def _compare(fsdp_memory, spec: dict, world_size: int, what: str) -> None:
-    oracle = ahead(_measure_each, world_size, build(spec), echo=False)
+    real_run = oracle(_measure_each, world_size, spec)
     answers = {reshard: fsdp_memory.probe(probes.fsdp_memory, spec, world_size, reshard)
                for reshard in (None, True, False)}
-    measured = oracle.result()
+    measured = real_run.result()
     for reshard, got in answers.items():
         real = [m[reshard] for m in measured]
         call = f"fsdp_memory(model, {world_size}, reshard_after_forward={reshard})"
@@ -106,20 +104,37 @@ def _compare(fsdp_memory, spec: dict, world_size: int, what: str) -> None:
                     f"ranks it is {want} (bytes of rank 0, 1, ...).")
 
 
+def _public(seed: int) -> list[tuple[dict, int, str]]:
+    """(spec, world size, what) of the public check's case."""
+    return [({"kind": "stack", "widths": [16, 40, 24, 30], "out": 3, "seed": seed}, 4,
+             "Stack([16, 40, 24, 30], out=3)")]
+
+
+def _hidden(seed: int) -> list[tuple[dict, int, str]]:
+    """(spec, world size, what) of the hidden check's cases."""
+    g = torch.Generator().manual_seed(seed)
+    widths = [int(w) for w in torch.randint(5, 50, (5,), generator=g)]
+    out = int(torch.randint(1, 4, (1,), generator=g))
+    spec = {"kind": "stack", "widths": widths, "out": out, "seed": seed}
+    return [(spec, 3, f"Stack({widths}, out={out})"),
+            (spec | {"frozen": [1]}, 2, f"Stack({widths}, out={out}) with layers[1] frozen")]
+
+
+@ahead("distributed")
+def _measured_ahead(seed: int) -> None:
+    for spec, world_size, _ in _public(seed) + _hidden(seed):
+        oracle(_measure_each, world_size, spec)
+
+
 @check(EXERCISE)
 def four_ranks(fsdp_memory, ctx):
     """bytes per rank on 4 ranks: Stack([16, 40, 24, 30], 3), each reshard_after_forward"""
-    spec = {"kind": "stack", "widths": [16, 40, 24, 30], "out": 3, "seed": ctx.seed}
-    _compare(fsdp_memory, spec, 4, "Stack([16, 40, 24, 30], out=3)")
+    for spec, world_size, what in _public(ctx.seed):
+        _compare(fsdp_memory, spec, world_size, what)
 
 
 @check(EXERCISE, hidden=True)
 def seeded_stacks(fsdp_memory, ctx):
     """bytes per rank on 2 and 3 ranks, seeded widths, a frozen layer"""
-    g = torch.Generator().manual_seed(ctx.seed)
-    widths = [int(w) for w in torch.randint(5, 50, (5,), generator=g)]
-    out = int(torch.randint(1, 4, (1,), generator=g))
-    spec = {"kind": "stack", "widths": widths, "out": out, "seed": ctx.seed}
-    _compare(fsdp_memory, spec, 3, f"Stack({widths}, out={out})")
-    _compare(fsdp_memory, spec | {"frozen": [1]}, 2,
-             f"Stack({widths}, out={out}) with layers[1] frozen")
+    for spec, world_size, what in _hidden(ctx.seed):
+        _compare(fsdp_memory, spec, world_size, what)

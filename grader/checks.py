@@ -39,8 +39,8 @@ from grader.kernel import probe as _probe
 from grader.kernel.probe import plain, probe, raised, seeded_rng, state_changes, torch_defaults
 
 __all__ = ["Answer", "AnswerError", "AnswerRaised", "CheckContext", "CheckFailure", "Verdict",
-           "ahead", "check", "checks_for", "exact", "paired", "plain", "plain_tensor", "probe", "raised",
-           "run_checks", "state_changes", "torch_defaults"]
+           "ahead", "check", "checks_for", "exact", "paired", "plain", "plain_tensor", "probe",
+           "raised", "run_checks", "state_changes", "torch_defaults"]
 
 MAX_MESSAGE_CHARS = 1200
 #: what an allocation that failed for lack of memory says (Python, torch's CPU allocator, CUDA)

@@ -40,6 +40,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import warnings
@@ -52,6 +53,10 @@ GRACE = 1.0
 #: seconds a call may take by default, every rank included (the checks' calls take 0.1-2 s)
 TIMEOUT = 15.0
 PR_SET_PDEATHSIG = 1  # (linux/prctl.h)
+#: held while a world runs: one at a time per process. A judge's oracle worlds run in a thread
+#: of the grader's own, beside the kernel's worlds (another process); where both are one process
+#: (the tests, which call the answer in-process) they would otherwise fork at the same time
+_ONE_WORLD = threading.Lock()
 #: new worlds started when a rank fails before it has joined the process group (gloo's
 #: connectFullMesh, on a busy machine: "Connection closed by peer"); its output is not echoed
 RENDEZVOUS_RETRIES = 1
@@ -86,6 +91,11 @@ def run(fn, world_size: int, *args, timeout: float = TIMEOUT, backend: str = "gl
     outside a rank, which forked ranks would inherit; it is destroyed first). Linux and macOS
     (fork) only.
     """
+    with _ONE_WORLD:
+        return _run(fn, world_size, args, timeout, backend, echo)
+
+
+def _run(fn, world_size: int, args: tuple, timeout: float, backend: str, echo: bool) -> list:
     import torch.distributed as dist
 
     if dist.is_initialized():

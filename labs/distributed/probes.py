@@ -114,6 +114,16 @@ def _ranks(fn, world_size: int, *args) -> dict:
         return {"failure": str(exc)}
 
 
+def ranks_of(reply: dict) -> list:
+    """What each rank returned, from a reply :func:`_ranks` made (the judges read it): raises
+    CheckFailure for ``failed``, AnswerError for ``failure``, as the ranks' own run would."""
+    if "failed" in reply:
+        raise CheckFailure(reply["failed"])
+    if "failure" in reply:
+        raise AnswerError(reply["failure"])
+    return reply["ranks"]
+
+
 # ------------------------------------------------------------------- distributed.fsdp-memory
 @probe
 def fsdp_memory(answer, spec: dict, world_size: int, reshard_after_forward) -> object:

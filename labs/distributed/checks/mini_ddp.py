@@ -20,7 +20,7 @@ import copy
 import torch
 from torch import nn
 
-from grader.checks import AnswerError, CheckFailure, check
+from grader.checks import CheckFailure, check
 from labs.distributed import probes
 from labs.distributed.models import mlp
 from labs.distributed.probes import describe
@@ -66,11 +66,7 @@ def _compare(MiniDDP, model: nn.Module, cap: float, p: int, g: torch.Generator, 
             "frozen": [i for i in range(len(widths) - 1)
                        if not all(q.requires_grad for q in model[2 * i].parameters())]}
     seen = MiniDDP.probe(probes.mini_ddp, spec, cap, p, x, y, STEPS, LR, LATE if late else 0.0)
-    if "failed" in seen:
-        raise CheckFailure(seen["failed"])
-    if "failure" in seen:
-        raise AnswerError(seen["failure"])
-    results = seen["ranks"]
+    results = probes.ranks_of(seen)
     if any(r.get("wraps_ddp") for r in results):
         raise CheckFailure("MiniDDP wraps torch's DistributedDataParallel: build the buckets, "
                            "hooks and all-reduces yourself.")

@@ -2,7 +2,8 @@
 nbgrader's split between the instructor's source and the learners' release):
 
 - :func:`student` (``grader dist student OUT/``): a learner's copy: the released notebooks, each
-  lab's modules with its hidden checks removed (:func:`withhold_hidden`), the grader (for the
+  lab's modules with its hidden checks removed (:func:`withhold_hidden`) and without its
+  ``instructor_only`` files (a reference that answers exercises), the grader (for the
   in-notebook self-check, ``make lab`` and ``make check``), and a README, Makefile,
   ``pyproject.toml``, ``environment.yml`` and GitHub Classroom workflow written for learners.
   No solution notebook, no hidden check, no test.
@@ -84,6 +85,8 @@ def _course(root: Path, out: Path, *, withhold: bool, notebooks: list[str] | Non
         if notebooks is None or path.stem in notebooks:
             shutil.copy2(path, out / "notebooks" / path.name)
     if withhold:
+        for path in _instructor_only(root / "labs"):
+            (out / "labs" / path.relative_to(root / "labs")).unlink()
         public = [c.source for p in sorted((root / "notebooks").glob("*.ipynb"))
                   for c in notebook.read(p).cells if c.cell_type == "code"]
         texts, withheld = withhold_hidden(root / "labs", public)
@@ -100,6 +103,12 @@ def _labs(root: Path) -> list:
     """The labs of the course at ``root`` (``labs/*/lab.toml``), by id."""
     return sorted((load_lab(p.parent.name) for p in (root / "labs").glob("*/lab.toml")),
                   key=lambda lab: lab.notebook)
+
+
+def _instructor_only(labs_dir: Path) -> set[Path]:
+    """The files of the labs under ``labs_dir`` that their tables mark ``instructor_only``."""
+    return {labs_dir / lab.id / name for lab in _labs(labs_dir.parent)
+            for name in lab.instructor_only}
 
 
 def _hidden_checks(labs: list) -> dict[str, list[tuple[str, int]]]:
@@ -185,8 +194,10 @@ def withhold_hidden(labs_dir: Path, public_sources: list[str]) -> tuple[dict[str
     reads is kept. Raises GraderError when a hidden check is not a top-level definition of its
     own (nothing could be removed without a public check)."""
     hidden = _hidden_checks(_labs(labs_dir.parent))
+    excluded = _instructor_only(labs_dir)  # not shipped: what they read does not count
     modules = {p: ".".join(("labs", *p.relative_to(labs_dir).with_suffix("").parts))
-               .removesuffix(".__init__") for p in sorted(labs_dir.rglob("*.py"))}
+               .removesuffix(".__init__") for p in sorted(labs_dir.rglob("*.py"))
+               if p not in excluded}
     lines = {p: p.read_text(encoding="utf-8").splitlines() for p in modules}
     changed: set[Path] = set()
     withheld: Counter = Counter()

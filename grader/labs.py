@@ -70,7 +70,10 @@ class Lab:
     """A lab: its id (``autograd``), title, notebook stem (``02_autograd``), exercises, and
     ``root``, the course folder holding ``labs/<id>/``, ``solutions/`` and ``notebooks/``;
     ``memory_gib``, the memory (GiB) a grading kernel of this lab may use (``memory_gib`` in
-    the table, default 4)."""
+    the table, default 4); ``instructor_only``, files of ``labs/<id>/`` (paths relative to it)
+    that the learners' copy leaves out (so they may be missing) and a grading kernel does not
+    see, such as a reference model that answers exercises (``instructor_only`` in the table,
+    default none)."""
 
     id: str
     title: str
@@ -78,6 +81,7 @@ class Lab:
     exercises: tuple[Exercise, ...]
     root: Path
     memory_gib: float = 4.0
+    instructor_only: tuple[str, ...] = ()
 
     @property
     def release_path(self) -> Path:
@@ -138,7 +142,8 @@ def load_lab(lab_id: str) -> Lab:
             for e in raw["exercises"]
         )
         lab = Lab(id=raw["id"], title=raw["title"], notebook=raw["notebook"], exercises=exercises,
-                  root=path.parent.parent.parent, memory_gib=float(raw.get("memory_gib", 4)))
+                  root=path.parent.parent.parent, memory_gib=float(raw.get("memory_gib", 4)),
+                  instructor_only=tuple(raw.get("instructor_only", ())))
     except (KeyError, TypeError, ValueError, tomllib.TOMLDecodeError) as exc:
         raise GraderError(f"{path}: malformed lab table ({exc!r})") from exc
     for e in exercises:

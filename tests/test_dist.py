@@ -1,5 +1,6 @@
 """``grader dist``: a learner's copy of the course (no solution, no hidden check; its self-check
 works) and a Gradescope autograder (graded as Gradescope runs it)."""
+import ast
 import inspect
 import json
 import os
@@ -61,7 +62,8 @@ def _windows(lines: list[str]) -> set[tuple[str, ...]]:
 
 def _secrets() -> dict[str, list[str]]:
     """What must not ship: each reference answer (``<notebook>:<cell id>``: the lines between
-    its solution markers) and each hidden check (``<exercise>:<function>``: its source)."""
+    its solution markers), each hidden check (``<exercise>:<function>``: its source) and each
+    function and class of a lab's ``instructor_only`` modules (``<path>:<name>``)."""
     found = {}
     for path in sorted((ROOT / "solutions").glob("*.ipynb")):
         for cell in nbformat.read(path, 4).cells:
@@ -76,6 +78,13 @@ def _secrets() -> dict[str, list[str]]:
             for c in checks_for(e.id):
                 if c.hidden:
                     found[f"{e.id}:{c.fn.__name__}"] = inspect.getsource(c.fn).splitlines()
+        for name in load_lab(lab).instructor_only:
+            path = ROOT / "labs" / lab / name
+            text = path.read_text(encoding="utf-8")
+            for node in ast.parse(text).body:
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                    found[f"labs/{lab}/{name}:{node.name}"] = \
+                        ast.get_source_segment(text, node).splitlines()
     return {what: _code(lines) for what, lines in found.items()}
 
 
@@ -117,6 +126,22 @@ def test_the_learners_copy_has_no_solution_and_no_hidden_check(copy):
                       if window in windows and (what, path) not in IDIOMS]
     assert len(secrets) > 100 and looked_for > 1500  # (the grep has something to find)
     assert not leaks, "\n".join(f"{w}: {lines} in {p}" for w, lines, p in leaks[:20])
+
+
+def test_the_copy_leaves_out_the_reference_model_that_answers_lab_3(copy):
+    """The allocator lab's reference model is ``instructor_only``: absent from the copy, and
+    nothing shipped imports it (its notebook and public checks read its recorded runs)."""
+    assert load_lab("allocator").instructor_only == ("model.py",)
+    for lab in COURSE_LABS:
+        for name in load_lab(lab).instructor_only:
+            assert (ROOT / "labs" / lab / name).is_file()
+            assert not (copy / "labs" / lab / name).exists(), name
+    assert (copy / "labs" / "allocator" / "recorded.json").is_file()
+    imports = re.compile(r"^\s*(from labs\.allocator import [\w, ]*\bmodel\b|"
+                         r"(from|import) labs\.allocator\.model\b)", re.M)
+    for path in [*(copy / "labs").rglob("*.py"), *(copy / "notebooks").glob("*.ipynb")]:
+        assert not imports.search(path.read_text(encoding="utf-8")), path
+    assert imports.search((ROOT / "labs" / "allocator" / "checks" / "_harness.py").read_text())
 
 
 def test_the_graders_work_ahead_and_what_only_it_reads_stay_out_of_the_copy(copy):
@@ -188,17 +213,19 @@ def test_the_copy_has_what_a_learner_needs(copy):
 
 
 def test_the_copys_self_check_grades_public_checks_only(copy, tmp_path):
-    """The copy's released notebook with one reference answer pasted in: that exercise passes
-    its public checks, the message counts the hidden checks the instructor still runs, and
-    every other exercise is still the released stub and scores 0."""
+    """The copy's released notebook with every reference answer but the last pasted in: Run
+    All works without the reference model, each of those exercises passes its public checks
+    and the message counts the hidden checks the instructor still runs, and the last exercise
+    is still the released stub and scores 0."""
     lab = load_lab(LAB)
     released = nbformat.read(copy / "notebooks" / f"{lab.notebook}.ipynb", 4)
     reference = nbformat.read(ROOT / "solutions" / f"{lab.notebook}.ipynb", 4)
-    first = lab.exercises[0]
-    answer = next(c for c in reference.cells if c.get("metadata", {}).get("course", {}).get(
-        "exercise") == first.id and c.metadata["course"].get("role") == "answer")
-    pasted = next(c for c in released.cells if c.get("id") == answer.id)
-    pasted.source = answer.source
+    on_cpu = [e for e in lab.exercises if e.unmet("cpu") is None]
+    for e in on_cpu[:-1]:
+        answer = next(c for c in reference.cells if c.get("metadata", {}).get("course", {}).get(
+            "exercise") == e.id and c.metadata["course"].get("role") == "answer")
+        pasted = next(c for c in released.cells if c.get("id") == answer.id)
+        pasted.source = answer.source
     work = tmp_path / "work"
     work.mkdir()
     nbformat.write(released, work / f"{lab.notebook}.ipynb")
@@ -209,16 +236,16 @@ def test_the_copys_self_check_grades_public_checks_only(copy, tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     (result,) = [json.loads(p.read_text()) for p in out.glob("*.json")]
     ex = {e["id"]: e for e in result["exercises"]}
-    hidden = sum(c.hidden for c in checks_for(first.id))
-    assert ex[first.id]["status"] == "passed", ex[first.id]
-    assert f"the grader also runs {hidden} hidden check(s)" in ex[first.id]["message"]
-    assert result["score"] == first.points
+    for e in on_cpu[:-1]:
+        hidden = sum(c.hidden for c in checks_for(e.id))
+        assert ex[e.id]["status"] == "passed", ex[e.id]
+        assert f"the grader also runs {hidden} hidden check(s)" in ex[e.id]["message"]
+    assert result["score"] == sum(e.points for e in on_cpu[:-1])
     hidden_total = sum(c.hidden for e in lab.exercises for c in checks_for(e.id))
     assert (f"public checks only: this copy of the course has none of the lab's {hidden_total} "
             "hidden checks") in " ".join(result["notes"])
-    for e in lab.exercises[1:]:
-        if e.unmet("cpu") is None:
-            assert ex[e.id]["status"] == "error" and "still the stub" in ex[e.id]["message"]
+    last = ex[on_cpu[-1].id]
+    assert last["status"] == "error" and "still the stub" in last["message"], last
 
 
 def test_the_classroom_workflow_scores_each_exercise_from_the_results(copy, tmp_path):

@@ -264,3 +264,8 @@ def test_a_kernel_sees_of_the_course_only_what_it_imports_and_of_the_runs_only_i
     # (the toy lab's own course, tests/fixtures, is under tests/: that one stays)
     assert set(lines["course"]) <= {"grader", "labs", "tests", venv}, lines
     assert lines["runs"] == ["1"] and lines["checks"] == [] and lines["toy-solutions"] == []
+    # and of every lab, its instructor-only files (lab 3's reference model) read empty
+    from grader.judge.grade import _course_hidden
+    from grader.labs import load_lab
+
+    assert str(ROOT / "labs" / "allocator" / "model.py") in _course_hidden(load_lab("toy"))

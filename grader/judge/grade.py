@@ -25,7 +25,7 @@ from grader import __version__, notebook
 from grader.judge.assemble import assemble
 from grader.errors import GraderError
 from grader.judge.execute import Outcome  # noqa: F401  (importing registers the "grader" engine)
-from grader.labs import Exercise, Lab, lab_from_name, lab_of, load_lab
+from grader.labs import Exercise, Lab, lab_from_name, lab_ids, lab_of, load_lab
 from grader.results import (PINNED_TORCH, Environment, ExerciseResult, LabResult,
                             installed_torch, is_pinned_torch)
 from grader.judge.sandbox import Isolation, Limits, isolation, keep_warm_cache, warm_cache
@@ -248,12 +248,16 @@ def _course_hidden(lab: Lab) -> tuple[str, ...]:
     """What a grading kernel of ``lab`` must not see of its course: every folder of it but
     ``grader/`` and ``labs/`` (and one holding the interpreter, such as a venv): the reference
     solutions, the repository's history (``.git``), earlier grades (``build/``), the tests; and
-    every lab's checks (the judges, which run in the grader's process)."""
+    every lab's checks (the judges, which run in the grader's process) and its
+    ``instructor_only`` files (such as lab 3's reference model)."""
     hidden = set()
     for root in {lab.root, grader.ROOT}:
         hidden |= {p for p in root.iterdir() if p.is_dir() and not p.is_symlink()
                    and p.name not in ("grader", "labs") and not _needed(p, lab)}
         hidden |= set((root / "labs").glob("*/checks*"))
+    for other in map(load_lab, lab_ids()):
+        hidden |= {path for name in other.instructor_only
+                   if (path := other.root / "labs" / other.id / name).exists()}
     return tuple(sorted(map(str, hidden)))
 
 

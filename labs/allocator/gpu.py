@@ -2,7 +2,7 @@
 whose queued work finishes when told to, and events recorded on them.
 
 It stands in for the CUDA runtime under the caching allocator, so the allocator models of the lab
-(the learner's and :mod:`labs.allocator.model`) run, and are checked, on a machine without a GPU.
+(the learner's and the reference model) run, and are checked, on a machine without a GPU.
 Only what ``c10/cuda/CUDACachingAllocator.cpp`` asks of the runtime is simulated:
 
 - ``cudaMalloc`` (``alloc_block`` -> ``cudaMallocMaybeCapturing``): device memory in bytes, failing

@@ -16,35 +16,44 @@ OOM path (``alloc_block``, ``release_available_cached_blocks``, ``release_cached
 ``emptyCache``, CUDA-graph private pools (``beginAllocateToPool``, ``endAllocateToPool``,
 ``releasePool``), the statistics of ``memory_stats()`` and the ``_snapshot()`` format.
 Not modelled: expandable segments, the garbage-collection threshold, memory fractions, IPC.
+
+**Instructor-only.** The model answers exercises 1-5, so the learners' copy of the course leaves
+this module out (``exclude`` in ``lab.toml``). What learners see of it is recorded: :func:`run`
+replays a trace and returns every step as plain data, and ``python -m labs.allocator.model``
+writes the runs the notebook shows and the public checks compare with, the plans of section 2's
+tables and the public out-of-memory cases to ``labs/allocator/recorded.json``
+(:func:`labs.allocator.traces.recorded` reads them; ``tests/`` checks the file is current).
+The hidden checks run the model itself, in the grader's process.
 """
 
 from __future__ import annotations
 
 import bisect
 import collections
+import copy
 import dataclasses
+import json
 import random
+import sys
 
+from labs.allocator import traces
 from labs.allocator.gpu import DeviceOutOfMemory, SimulatedGPU
-
-KiB, MiB, GiB = 1024, 1024**2, 1024**3
-#: ``c10/core/AllocatorConfig.h``: all sizes are rounded to at least 512 bytes
-K_MIN_BLOCK_SIZE = 512
-#: ``c10/core/AllocatorConfig.h``: largest "small" allocation is 1 MiB
-K_SMALL_SIZE = MiB
-#: ``c10/core/AllocatorConfig.h``: "small" allocations are packed in 2 MiB blocks
-K_SMALL_BUFFER = 2 * MiB
-#: ``c10/core/AllocatorConfig.h``: allocations between 1 and 10 MiB may use kLargeBuffer
-K_MIN_LARGE_ALLOC = 10 * MiB
-#: ``c10/core/AllocatorConfig.h``: round up large allocations to 2 MiB
-K_ROUND_LARGE = 2 * MiB
-#: ``c10/cuda/CUDACachingAllocator.cpp: kLargeBuffer``: "large" allocations may be packed in 20 MiB
-K_LARGE_BUFFER = 20 * MiB
-#: ``AcceleratorAllocatorConfig::max_split_size_`` default: ``SIZE_MAX`` (no limit)
-SIZE_MAX = 2**64 - 1
-
-#: the block states of ``torch.cuda.memory._snapshot()`` (``BlockInfo`` -> ``_snapshot``)
-ALLOCATED, PENDING_FREE, INACTIVE = "active_allocated", "active_pending_free", "inactive"
+from labs.allocator.snapshots import (
+    ALLOCATED,
+    INACTIVE,
+    K_LARGE_BUFFER,
+    K_MIN_BLOCK_SIZE,
+    K_MIN_LARGE_ALLOC,
+    K_ROUND_LARGE,
+    K_SMALL_BUFFER,
+    K_SMALL_SIZE,
+    PENDING_FREE,
+    SIZE_MAX,
+    GiB,
+    KiB,
+    MiB,
+    stats_from_segments,
+)
 
 
 # ------------------------------------------------------------------ sizes
@@ -507,40 +516,6 @@ class CachingAllocatorModel:
             self.peaks[key] = max(self.peaks.get(key, 0), value)
 
 
-# ------------------------------------------------------------------ statistics
-STAT_NAMES = ("allocated_bytes", "reserved_bytes", "active_bytes", "inactive_split_bytes",
-              "requested_bytes", "allocation", "segment", "active", "inactive_split")
-
-
-def stats_from_segments(segments: list[dict]) -> dict[str, int]:
-    """The ``current`` value of each statistic of ``torch.cuda.memory_stats()`` (``STAT_NAMES``,
-    for ``all``, ``small_pool`` and ``large_pool``) computed from a snapshot's segments, as
-    ``DeviceCachingAllocator`` keeps them (``c10/core/Allocator.h: Stat::increase``): allocated =
-    allocated blocks; reserved = segments; active = allocated or waiting on events; inactive
-    split = free blocks of segments that are split (a block without ``requested_size`` counts 0
-    requested bytes). Keys: ``"<stat>.<pool>.current"``."""
-    stats = {f"{name}.{scope}.current": 0 for name in STAT_NAMES
-             for scope in ("all", "small_pool", "large_pool")}
-    for seg in segments:
-        scopes = ("all", "small_pool" if seg["segment_type"] == "small" else "large_pool")
-        split = len(seg["blocks"]) > 1
-        for scope in scopes:
-            stats[f"reserved_bytes.{scope}.current"] += seg["total_size"]
-            stats[f"segment.{scope}.current"] += 1
-            for b in seg["blocks"]:
-                if b["state"] == ALLOCATED:
-                    stats[f"allocated_bytes.{scope}.current"] += b["size"]
-                    stats[f"allocation.{scope}.current"] += 1
-                if b["state"] != INACTIVE:
-                    stats[f"active_bytes.{scope}.current"] += b["size"]
-                    stats[f"active.{scope}.current"] += 1
-                    stats[f"requested_bytes.{scope}.current"] += b.get("requested_size", 0)
-                elif split:
-                    stats[f"inactive_split_bytes.{scope}.current"] += b["size"]
-                    stats[f"inactive_split.{scope}.current"] += 1
-    return stats
-
-
 def _fmt(n: int) -> str:
     """``format_size``: bytes as torch's OOM message writes them."""
     for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
@@ -549,101 +524,156 @@ def _fmt(n: int) -> str:
     return f"{n} bytes"
 
 
-# ------------------------------------------------------------------ traces
-def format_bytes(n: int, exact: bool = False) -> str:
-    """Bytes in words: ``n B`` below 1 KiB, else KiB/MiB/GiB with at most two decimals; with
-    ``exact``, the byte count first when the unit does not divide ``n`` (``10485759 B (about
-    10 MiB)``)."""
-    if n < KiB:
-        return f"{n} B"
-    unit, scale = next((u, s) for u, s in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)) if n >= s)
-    text = f"{n / scale:.2f}".rstrip("0").rstrip(".") + f" {unit}"
-    return f"{n} B (about {text})" if exact and n % scale else text
+# ------------------------------------------------------------------ recorded runs
+def run(trace: list[tuple], *, capacity: int = 2 * GiB, max_split_size: int | None = None,
+        coalesce: bool = True, end_state: bool = False) -> dict:
+    """Replay ``trace`` (``labs.allocator.traces.replay``'s format) on a fresh
+    ``SimulatedGPU(capacity)`` (bytes) through ``CachingAllocatorModel(max_split_size=...,
+    coalesce=...)``, and return it as plain data (JSON-able) that
+    ``labs.allocator.traces.Run.from_json`` reads: the trace and settings; per step the address
+    a malloc returned (``"oom"`` and the error's text when it raised; None for other ops), the
+    block size it rounded to, the runtime calls the step made, and ``snapshot()`` after it; at
+    the end ``memory_stats()`` and ``memory_snapshot()``."""
+    gpu = SimulatedGPU(capacity)
+    allocator = CachingAllocatorModel(gpu, max_split_size=max_split_size, coalesce=coalesce)
+    steps: list[dict] = []
+    logged = [0]
+
+    def after_step(i, op, result):
+        step = {"result": result, "calls": [list(c) for c in gpu.log[logged[0]:]],
+                "segments": traces.pack(allocator.snapshot())}
+        logged[0] = len(gpu.log)
+        if op[0] == "malloc":
+            step["rounded"] = round_size(op[2], allocator.divisions)
+        if isinstance(result, DeviceOutOfMemory):
+            step.update(result="oom", error=str(result))
+        steps.append(step)
+
+    traces.replay(allocator, gpu, trace, after_step)
+    return {"trace": [list(op) for op in trace], "capacity": capacity,
+            "max_split_size": max_split_size, "coalesce": coalesce, "steps": steps,
+            "memory_stats": allocator.memory_stats() if end_state else None,
+            "memory_snapshot": allocator.memory_snapshot() if end_state else None}
 
 
-def describe(op: tuple, exact: bool = False) -> str:
-    """One op of a trace in words: ``#3 = malloc(5 MiB, stream 0)``, ``free(#3)``, ..."""
-    kind = op[0]
-    if kind == "malloc":
-        return f"#{op[1]} = malloc({format_bytes(op[2], exact)}, stream {op[3]})"
-    if kind == "free":
-        return f"free(#{op[1]})"
-    if kind == "use":
-        return f"#{op[1]} used on stream {op[2]} (record_stream)"
-    if kind == "sync":
-        return f"stream {op[1]} finishes its work"
-    return "empty_cache()"
+def oom_case(trace: list[tuple], capacity: int) -> tuple[dict, dict] | None:
+    """The model's ``memory_snapshot()`` at the first out-of-memory error of ``trace`` (the trace
+    stops there) on a ``SimulatedGPU(capacity)``, and the answer of ``allocator.oom-forensics``
+    for it; None when the trace never runs out. The answer is read from the model itself as it
+    replays the trace (its stats, its blocks, and what freeing each block would leave), not from
+    the snapshot the learner's function reads."""
+    gpu = SimulatedGPU(capacity)
+    allocator = CachingAllocatorModel(gpu)
+    peak = {"bytes": 0, "at": 0}
+
+    class Stop(Exception):
+        pass
+
+    def step(i, op, result):
+        if isinstance(result, DeviceOutOfMemory):
+            raise Stop(op)
+        live = allocator.memory_stats()["requested_bytes.all.current"]
+        if live > peak["bytes"]:  # (the alloc event is the last one the malloc recorded)
+            peak.update(bytes=live, at=len(allocator.trace) - 1)
+
+    try:
+        traces.replay(allocator, gpu, trace, step)
+    except Stop as stop:
+        return allocator.memory_snapshot(), _oom_answer(allocator, stop.args[0], peak)
+    return None
 
 
-def replay(allocator, gpu: SimulatedGPU, trace: list[tuple], after_step=None) -> dict:
-    """Run ``trace`` on ``allocator`` (any object with the model's ``malloc``/``free``, and
-    ``record_stream``/``empty_cache`` when the trace uses them) over ``gpu``.
-
-    A trace is a list of tuples: ``("malloc", handle, size, stream)``, ``("free", handle)``,
-    ``("use", handle, stream)`` (a kernel on ``stream`` uses the block: ``gpu.launch`` then
-    ``record_stream``), ``("sync", stream)`` (the stream's work finishes) and
-    ``("empty_cache",)``. Handles name allocations; an op on the handle of a failed malloc is
-    skipped. ``after_step(i, op, result)`` is called after each op (``result`` is the address
-    a malloc returned, the DeviceOutOfMemory it raised, or None). Returns handle -> address of
-    the live allocations.
-    """
-    live: dict[int, int] = {}
-    for i, op in enumerate(trace):
-        kind, result = op[0], None
-        if kind == "malloc":
-            try:
-                result = live[op[1]] = allocator.malloc(op[2], op[3])
-            except DeviceOutOfMemory as exc:
-                result = exc
-        elif kind == "free" and op[1] in live:
-            allocator.free(live.pop(op[1]))
-        elif kind == "use" and op[1] in live:
-            gpu.launch(op[2])
-            allocator.record_stream(live[op[1]], op[2])
-        elif kind == "sync":
-            gpu.synchronize(op[1])
-        elif kind == "empty_cache":
-            allocator.empty_cache()
-        if after_step is not None:
-            after_step(i, op, result)
-    return live
+def _oom_answer(allocator: CachingAllocatorModel, op: tuple, peak: dict) -> dict:
+    request, stream = round_size(op[2]), op[3]
+    stats = allocator.memory_stats()
+    return {
+        "oom_request": request,
+        "peak_requested": peak["bytes"],
+        "peak_at": peak["at"],
+        "reserved_unallocated": stats["reserved_bytes.all.current"]
+        - stats["allocated_bytes.all.current"],
+        "largest_free_block": max((b.size for b in allocator.blocks if not b.allocated),
+                                  default=0),
+        "culprit": _culprit(allocator, request, stream),
+    }
 
 
-def interesting_size(rng: random.Random, large: bool = True) -> int:
-    """A request size (bytes) near the allocator's boundaries or drawn across its ranges."""
-    edges = [K_MIN_BLOCK_SIZE, K_SMALL_SIZE, K_SMALL_BUFFER, K_MIN_LARGE_ALLOC, K_LARGE_BUFFER]
-    if large:
-        edges += [K_SMALL_SIZE + K_SMALL_SIZE // 2, 12 * MiB, 18 * MiB, 19 * MiB, 64 * MiB]
-    pick = rng.random()
-    if pick < 0.3:
-        return max(1, rng.choice(edges) + rng.choice([-1, 0, 1, -512, 512]))
-    if pick < 0.65 or not large:
-        return rng.randint(1, K_SMALL_SIZE)
-    if pick < 0.85:
-        return rng.randint(K_SMALL_SIZE + 1, K_MIN_LARGE_ALLOC)
-    return rng.randint(K_MIN_LARGE_ALLOC, 80 * MiB)
+def _culprit(allocator: CachingAllocatorModel, request: int, stream: int) -> int | None:
+    """The smallest allocated block (lowest address on ties) of the request's pool and stream
+    that, freed in a copy of the model (which merges it with free neighbours), leaves a free
+    block of at least ``request`` bytes."""
+    small = request <= K_SMALL_SIZE
+    for block in sorted(allocator.allocated.values(), key=lambda b: (b.size, b.ptr)):
+        if block.pool.small != small or block.stream != stream:
+            continue
+        trial = copy.deepcopy(allocator)
+        trial.free(block.ptr)
+        freed = next(b for b in trial.blocks if b.ptr <= block.ptr < b.ptr + b.size)
+        if freed.size >= request:
+            return block.ptr
+    return None
 
 
-def random_trace(rng: random.Random, n: int, *, streams: int = 1, large: bool = True,
-                 empty_cache: bool = False, live_max: int = 12) -> list[tuple]:
-    """A seeded trace of ``n`` ops: mallocs of :func:`interesting_size` sizes, frees in random
-    order (keeping at most ``live_max`` live), and, with ``streams`` > 1, requests on several
-    streams, cross-stream uses and stream syncs; ``empty_cache`` adds some ``empty_cache`` calls."""
-    trace: list[tuple] = []
-    live: list[int] = []
-    handle = 0
-    while len(trace) < n:
-        pick = rng.random()
-        if live and (len(live) >= live_max or pick < 0.4):
-            trace.append(("free", live.pop(rng.randrange(len(live)))))
-        elif streams > 1 and live and pick < 0.55:
-            trace.append(("use", rng.choice(live), rng.randrange(streams)))
-        elif streams > 1 and pick < 0.62:
-            trace.append(("sync", rng.randrange(streams)))
-        elif empty_cache and pick < 0.66:
-            trace.append(("empty_cache",))
+def random_oom_cases(seed: int, count: int) -> list[tuple[dict, dict]]:
+    """``count`` :func:`oom_case` of seeded random traces on small GPUs (64-128 MiB)."""
+    rng = random.Random(seed)
+    found = []
+    while len(found) < count:
+        trace = traces.random_trace(rng, 150, live_max=rng.choice([6, 10, 14]))
+        case = oom_case(trace, rng.choice([64, 96, 128]) * MiB)
+        if case is not None:
+            found.append(case)
+    return found
+
+
+#: the seed of the public checks' random traces (fixed: what learners see is recorded)
+PUBLIC_SEED = 1
+
+
+def recordings() -> dict:
+    """Everything ``recorded.json`` holds, computed by the model: the runs of the notebook's
+    traces and of the public checks' traces, the plans of :data:`labs.allocator.traces.PLANS`,
+    and the public out-of-memory cases."""
+    rng = random.Random(PUBLIC_SEED)
+    runs = {
+        "loop": run(traces.LOOP),
+        "best_fit": run(traces.BEST_FIT, coalesce=False),
+        "best_fit_merging": run(traces.BEST_FIT, end_state=True),
+        "ties": run(traces.TIES, coalesce=False),
+        "best_fit_random": run(traces.random_trace(rng, 60), coalesce=False),
+        "max_split_none": run(traces.MAX_SPLIT),
+        "max_split_32": run(traces.MAX_SPLIT, max_split_size=32 * MiB),
+        "coalesce": run(traces.COALESCE),
+        "out_of_memory": run(traces.OUT_OF_MEMORY, capacity=100 * MiB, end_state=True),
+        "coalesce_random": run(traces.random_trace(rng, 80, empty_cache=True)),
+        "streams": run(traces.STREAMS),
+        "streams_random": run(traces.random_trace(rng, 80, streams=2)),
+        "vs_real_random": run(traces.random_trace(rng, 60), capacity=64 * GiB),
+        "fragmented": run(traces.FRAGMENTED, capacity=100 * MiB, end_state=True),
+        "graph_pool": run(traces.GRAPH_POOL, end_state=True),
+    }
+    plans = {f"{n},{d}": allocation_plan(n, d) for n, d in traces.PLANS}
+    oom_cases = {"fragmented": oom_case(traces.FRAGMENTED, 100 * MiB),
+                 "random": random_oom_cases(PUBLIC_SEED, 1)[0]}
+    return {"written_by": "python -m labs.allocator.model", "runs": runs, "plans": plans,
+            "oom_cases": {name: {"snapshot": snap, "answer": answer}
+                          for name, (snap, answer) in oom_cases.items()}}
+
+
+def recorded_text() -> str:
+    """``recorded.json`` as :func:`recordings` makes it (one run or table per line)."""
+    data = json.loads(json.dumps(recordings()))  # tuples as lists, as the file holds them
+    parts = []
+    for key, value in data.items():
+        if isinstance(value, dict):
+            inner = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v, separators=(',', ':'))}"
+                               for k, v in value.items())
+            parts.append(f" {json.dumps(key)}: {{\n{inner}\n }}")
         else:
-            handle += 1
-            trace.append(("malloc", handle, interesting_size(rng, large), rng.randrange(streams)))
-            live.append(handle)
-    return trace
+            parts.append(f" {json.dumps(key)}: {json.dumps(value)}")
+    return "{\n" + ",\n".join(parts) + "\n}\n"
+
+
+if __name__ == "__main__":
+    traces.RECORDED.write_text(recorded_text(), encoding="utf-8")
+    print(f"wrote {traces.RECORDED} ({traces.RECORDED.stat().st_size:,} bytes)", file=sys.stderr)

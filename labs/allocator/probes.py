@@ -1,7 +1,8 @@
 """The allocator lab's probes: what runs in the learner's kernel when an exercise is judged (see
 ``grader.kernel.probe``). Each calls the answer on a simulated GPU and returns what it observed as
-plain data; the judges in ``labs/allocator/checks`` replay the same trace through the reference
-model in the grader's own process and decide. This module does not import the reference model."""
+plain data; the judges in ``labs/allocator/checks`` hold it against the reference model's run of
+the same trace (recorded, or made in the grader's own process) and decide. This module does not
+import the reference model."""
 from __future__ import annotations
 
 import contextlib
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from grader.checks import probe
 from labs.allocator.gpu import DeviceOutOfMemory, SimulatedGPU
+from labs.allocator.traces import apply_op
 
 #: what a learner's code may not call: the reference model and the checks (the oracles)
 _ORACLES = (str(Path(__file__).with_name("model.py")), str(Path(__file__).with_name("checks")))
@@ -56,7 +58,7 @@ def forensics(oom_forensics, snapshot: dict) -> dict:
 
 @probe
 def replay(cls, trace: list, capacity: int, max_split_size) -> dict:
-    """Replay ``trace`` (ops as ``labs.allocator.model.replay`` takes them) through
+    """Replay ``trace`` (ops as ``labs.allocator.traces.replay`` takes them) through
     ``cls(gpu, max_split_size=...)`` on a fresh ``SimulatedGPU(capacity)``, as far as it gets.
 
     Returns ``{"steps": [...], "raised": record or None, "oracle": [...]}``; each step is
@@ -83,29 +85,6 @@ def replay(cls, trace: list, capacity: int, max_split_size) -> dict:
         except Exception as exc:
             failure = raised(exc)
     return {"steps": copy.deepcopy(steps), "raised": failure, "oracle": called[:3]}
-
-
-def apply_op(allocator, gpu: SimulatedGPU, op, live: dict):
-    """One op of a trace through ``allocator`` on ``gpu``, as ``labs.allocator.model.replay``
-    runs it (``live``: handle -> address); what malloc returned, or the DeviceOutOfMemory it
-    raised, else None. The judge runs the reference model through it too."""
-    kind = op[0]
-    if kind == "malloc":
-        try:
-            live[op[1]] = allocator.malloc(op[2], op[3])
-        except DeviceOutOfMemory as exc:
-            return exc
-        return live[op[1]]
-    if kind == "free" and op[1] in live:
-        allocator.free(live.pop(op[1]))
-    elif kind == "use" and op[1] in live:
-        gpu.launch(op[2])
-        allocator.record_stream(live[op[1]], op[2])
-    elif kind == "sync":
-        gpu.synchronize(op[1])
-    elif kind == "empty_cache":
-        allocator.empty_cache()
-    return None
 
 
 @probe

@@ -6,19 +6,19 @@ explorer returns an ``ipywidgets.VBox`` whose picture lives in an ``ipywidgets.H
 it works, and can be tested, without a kernel.
 
 Everything drawn is read from an allocator's ``snapshot()`` (the format of
-``torch.cuda.memory._snapshot()["segments"]``, which :mod:`labs.allocator.model` and the
-learner's allocators share) and from the runtime calls a :class:`SimulatedGPU` logged:
+``torch.cuda.memory._snapshot()["segments"]``, which the reference model and the learner's
+allocators share) and from the runtime calls a :class:`SimulatedGPU` logged, step by step
+(:class:`labs.allocator.traces.Step`): the reference model's recorded runs
+(``traces.recorded(name).steps``) or a learner's allocator replaying any trace (:func:`record`):
 
 - :func:`segments_figure`: the segments and their blocks, coloured by state;
-- :func:`record`, :func:`timeline_figure`: a trace replayed step by step, and its memory over
-  time;
+- :func:`timeline_figure`: memory over the steps of a trace;
 - :func:`explore_trace`: a slider over the steps of a trace.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import html
 
 from matplotlib.figure import Figure
@@ -27,11 +27,11 @@ from matplotlib.ticker import MaxNLocator
 
 import grader.kernel.display  # noqa: F401  (registers the PNG formatter for figures)
 from grader.kernel.display import figure_html, table
-from labs.allocator import model
-from labs.allocator.model import format_bytes as fmt
 from labs.allocator.gpu import DeviceOutOfMemory, SimulatedGPU
+from labs.allocator.snapshots import ALLOCATED, PENDING_FREE, MiB, stats_from_segments
+from labs.allocator.snapshots import format_bytes as fmt
+from labs.allocator.traces import Step, describe, replay
 
-MiB = model.MiB
 #: fill colour of a block, by what it is (see :func:`block_kind`)
 COLOURS = {
     "allocated": "#fc8d62",
@@ -52,9 +52,9 @@ def block_kind(segment: dict, block: dict) -> str:
     events on the streams it was used on), ``"free, split segment"`` (``inactive`` in a
     segment of several blocks: counted by ``inactive_split_bytes``) or ``"free, whole
     segment"`` (``inactive`` and alone: ``empty_cache`` can cudaFree it)."""
-    if block["state"] == model.ALLOCATED:
+    if block["state"] == ALLOCATED:
         return "allocated"
-    if block["state"] == model.PENDING_FREE:
+    if block["state"] == PENDING_FREE:
         return "pending free"
     return "free, split segment" if len(segment["blocks"]) > 1 else "free, whole segment"
 
@@ -123,7 +123,7 @@ def segments_figure(segments: list[dict], title: str | None = None) -> Figure:
     if title is None:
         blocks = [b for s in segments for b in s["blocks"]]
         reserved = sum(s["total_size"] for s in segments)
-        allocated = sum(b["size"] for b in blocks if b["state"] == model.ALLOCATED)
+        allocated = sum(b["size"] for b in blocks if b["state"] == ALLOCATED)
         title = (
             f"{len(segments)} segment{'s' * (len(segments) != 1)}: {fmt(reserved)} reserved, "
             f"{fmt(allocated)} allocated"
@@ -140,38 +140,17 @@ def segments_figure(segments: list[dict], title: str | None = None) -> Figure:
 
 
 # ------------------------------------------------------------------ a trace, step by step
-@dataclasses.dataclass(frozen=True)
-class Step:
-    """The state of an allocator after one op of a trace (see :func:`record`).
-
-    ``index``: the op's number, counted from 1; ``op``: the trace's tuple; ``text``: the op in
-    words; ``result``: the address a malloc returned, the DeviceOutOfMemory it raised, or None
-    for other ops; ``segments``: a copy of ``snapshot()`` after the op; ``stats``: the
-    ``"<stat>.<pool>.current"`` values of ``memory_stats()`` computed from those segments
-    (bytes and counts); ``calls``: the ``SimulatedGPU.log`` entries the op made
-    (``("cudaMalloc", nbytes, ptr or None)``, ``("cudaFree", ptr, nbytes)``, event calls)."""
-
-    index: int
-    op: tuple
-    text: str
-    result: object
-    segments: list
-    stats: dict
-    calls: tuple
-
-
-def record(
-    trace: list[tuple], *, capacity: int = 2 * 1024**3, allocator=None, **config
-) -> list[Step]:
-    """Replay ``trace`` (``model.replay``'s format) on a fresh ``SimulatedGPU(capacity)``
+def record(trace: list[tuple], allocator, *, capacity: int = 2 * 1024**3, **config) -> list[Step]:
+    """Replay ``trace`` (``traces.replay``'s format) on a fresh ``SimulatedGPU(capacity)``
     (``capacity`` in bytes) through ``allocator(gpu, **config)``, and return one :class:`Step`
     per op, in order, ``steps[k - 1].index == k``.
 
-    ``allocator``: an allocator class (default ``model.CachingAllocatorModel``, whose options
-    ``config`` may set, e.g. ``max_split_size``); a learner's class needs ``malloc``, ``free``
-    and ``snapshot`` (and ``record_stream`` / ``empty_cache`` when the trace uses them)."""
+    ``allocator``: an allocator class, such as one of yours: it needs ``malloc``, ``free`` and
+    ``snapshot`` (and ``record_stream`` / ``empty_cache`` when the trace uses them); ``config``
+    its options (e.g. ``max_split_size``). The reference model's steps on the notebook's traces
+    are recorded: ``traces.recorded(name).steps``."""
     gpu = SimulatedGPU(capacity)
-    alloc = (allocator or model.CachingAllocatorModel)(gpu, **config)
+    alloc = allocator(gpu, **config)
     steps: list[Step] = []
     seen = [0]  # gpu.log entries before the op
 
@@ -180,23 +159,15 @@ def record(
         calls = tuple(gpu.log[seen[0] :])
         seen[0] = len(gpu.log)
         steps.append(
-            Step(
-                i + 1,
-                op,
-                model.describe(op),
-                result,
-                segments,
-                model.stats_from_segments(segments),
-                calls,
-            )
+            Step(i + 1, op, describe(op), result, segments, stats_from_segments(segments), calls)
         )
 
-    model.replay(alloc, gpu, trace, after_step)
+    replay(alloc, gpu, trace, after_step)
     return steps
 
 
 def timeline_figure(history: list[Step], title: str | None = None) -> Figure:
-    """Memory over a trace recorded by :func:`record`: ``allocated_bytes``,
+    """Memory over the steps of a trace (:class:`Step` s): ``allocated_bytes``,
     ``reserved_bytes``, ``active_bytes`` and ``inactive_split_bytes`` of the "all" pool (MiB)
     after each step (x: the step's number, from 1), with vertical lines at the steps that
     cudaMalloc'ed (green, dashed, just left of the step), cudaFree'd (purple, dotted, just
@@ -272,16 +243,16 @@ def _step_html(step: Step, n: int) -> str:
     return "".join(parts)
 
 
-def explore_trace(trace: list[tuple], *, capacity: int = 2 * 1024**3, allocator=None, **config):
-    """An explorer: a slider over the steps of ``trace``, replayed by :func:`record` (same
-    arguments), showing for the chosen step the op ("Step k of n: ..."), the cudaMalloc and
-    cudaFree calls it made (or "out of memory" when its malloc raised), the statistics of
-    :data:`STATS` in MiB and :func:`segments_figure` of the segments after it. Returns an
-    ``ipywidgets.VBox``: ``children[0]`` is the ``IntSlider`` (1 to the number of ops),
-    ``children[1]`` the ``ipywidgets.HTML`` shown. Raises ValueError for an empty trace."""
+def explore_trace(steps: list[Step]):
+    """An explorer: a slider over ``steps`` (:class:`Step` s of one trace, from
+    ``traces.recorded(name).steps`` or :func:`record`), showing for the chosen step the op
+    ("Step k of n: ..."), the cudaMalloc and cudaFree calls it made (or "out of memory" when its
+    malloc raised), the statistics of :data:`STATS` in MiB and :func:`segments_figure` of the
+    segments after it. Returns an ``ipywidgets.VBox``: ``children[0]`` is the ``IntSlider`` (1
+    to the number of steps), ``children[1]`` the ``ipywidgets.HTML`` shown. Raises ValueError
+    for no steps."""
     import ipywidgets as widgets
 
-    steps = record(trace, capacity=capacity, allocator=allocator, **config)
     if not steps:
         raise ValueError("an empty trace has no steps to explore")
     slider = widgets.IntSlider(value=1, min=1, max=len(steps), description="step")

@@ -21,10 +21,11 @@ from pathlib import Path
 from labs.allocator import model
 from labs.allocator.checks.round_size import boundaries
 from labs.allocator.gpu import DeviceOutOfMemory, SimulatedGPU
+from labs.allocator.snapshots import STAT_NAMES, MiB
+from labs.allocator.traces import random_trace, replay
 
-MiB = model.MiB
 #: the statistics compared (``current`` values), and the event counters
-STATS = [f"{name}.{scope}.current" for name in model.STAT_NAMES
+STATS = [f"{name}.{scope}.current" for name in STAT_NAMES
          for scope in ("all", "small_pool", "large_pool")] + ["num_alloc_retries", "num_ooms"]
 #: GPU cycles a "use" keeps its stream busy (about 0.2 s at 2 GHz): longer than the host needs
 #: to reach the trace's next "sync", so events complete when the model says they do
@@ -39,13 +40,13 @@ def traces() -> list[dict]:
     out = [{"name": "boundary sizes", "trace": edge, "capacity": None}]
     for k in range(3):
         out.append({"name": f"one stream {k}", "capacity": None,
-                    "trace": model.random_trace(rng, 120, empty_cache=True)})
+                    "trace": random_trace(rng, 120, empty_cache=True)})
     for k in range(3):
         out.append({"name": f"streams {k}", "capacity": None,
-                    "trace": model.random_trace(rng, 100, streams=k + 2, empty_cache=True)})
+                    "trace": random_trace(rng, 100, streams=k + 2, empty_cache=True)})
     for k, mib in enumerate((96, 128, 160)):
         out.append({"name": f"out of memory {k}", "capacity": mib * MiB,
-                    "trace": model.random_trace(rng, 100, streams=1 + k % 2, live_max=8)})
+                    "trace": random_trace(rng, 100, streams=1 + k % 2, live_max=8)})
     return out
 
 
@@ -70,7 +71,7 @@ def replay_model(trace: list[tuple], capacity: int) -> list[dict]:
                       "stats": {k: stats[k] for k in STATS},
                       "segments": normal(alloc.snapshot(), {})})
 
-    model.replay(alloc, gpu, trace, after)
+    replay(alloc, gpu, trace, after)
     return steps
 
 

@@ -8,7 +8,7 @@ from tests.conftest import assert_rejected, load_answer
 from tests.labs._liars import LyingList
 
 EX = "allocator.best-fit-split"
-MiB = model.MiB
+MiB = 1024**2
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 from labs.allocator import model
 from labs.allocator.gpu import SimulatedGPU
 
-MiB = model.MiB
+MiB = 1024**2
 
 
 def _pools(alloc):
@@ -40,7 +40,7 @@ def test_a_block_used_on_another_stream_and_freed_during_a_capture_waits_for_its
     alloc.begin_allocate_to_pool((2, 0), stream=2)
     alloc.free(ptr)  # no event may be recorded while capturing: deferred
     assert not any(e[0] == "cudaEventRecord" for e in gpu.log)
-    assert alloc.snapshot()[0]["blocks"][0]["state"] == model.PENDING_FREE
+    assert alloc.snapshot()[0]["blocks"][0]["state"] == "active_pending_free"
     alloc.end_allocate_to_pool((2, 0))
     gpu.synchronize(1)
     again = alloc.malloc(4 * MiB, stream=0)  # process_events records it, sees it done, frees it

@@ -116,12 +116,14 @@ def test_the_models_answer_agrees_with_the_definitions_on_the_snapshot(ref):
     """The checks read the answer from the model as it replays (so no copy of the course holds
     the answer's code); the reference answer applies the exercise's definitions to the snapshot.
     They agree on 300 seeded OOMs and on the hidden edge cases."""
+    from labs.allocator import model
     from labs.allocator.checks import oom_forensics as checks
+    from labs.allocator.traces import FRAGMENTED
 
-    cases = checks.random_snapshots(123, 300)
-    cases += [checks.snapshot_at_oom(checks.REPEATED_PEAK, 64 * checks.MiB),
-              checks.snapshot_at_oom(checks.OTHER_POOL, 24 * checks.MiB),
-              checks.snapshot_at_oom(checks.FRAGMENTED, 100 * checks.MiB)]
+    MiB = 1024**2
+    cases = model.random_oom_cases(123, 300)
+    cases += [model.oom_case(checks.REPEATED_PEAK, 64 * MiB),
+              model.oom_case(checks.OTHER_POOL, 24 * MiB), model.oom_case(FRAGMENTED, 100 * MiB)]
     culprits = 0
     for snapshot, want in cases:
         assert ref(snapshot) == want

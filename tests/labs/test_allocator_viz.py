@@ -9,10 +9,9 @@ import re
 import pytest
 from matplotlib.colors import to_rgba
 
-from labs.allocator import model, viz
-from labs.allocator.gpu import DeviceOutOfMemory
-
-MiB = model.MiB
+from labs.allocator import model, traces, viz
+from labs.allocator.gpu import DeviceOutOfMemory, SimulatedGPU
+from labs.allocator.snapshots import ALLOCATED, INACTIVE, PENDING_FREE, GiB, MiB
 
 #: one block of each kind: small blocks in a split 2 MiB segment, a 5 MiB block splitting a
 #: 20 MiB segment, a 30 MiB segment freed whole, and a block freed while used on stream 1
@@ -40,9 +39,9 @@ def _render(fig):
     return fig
 
 
-def _snapshot(trace, capacity=2 * model.GiB):
-    alloc = model.CachingAllocatorModel(model.SimulatedGPU(capacity))
-    model.replay(alloc, alloc.gpu, trace)
+def _snapshot(trace, capacity=2 * GiB):
+    alloc = model.CachingAllocatorModel(SimulatedGPU(capacity))
+    traces.replay(alloc, alloc.gpu, trace)
     return alloc.snapshot()
 
 
@@ -76,7 +75,7 @@ class MinimalAllocator:
                 "total_size": n,
                 "stream": s,
                 "segment_type": "small" if n <= MiB else "large",
-                "blocks": [{"address": ptr, "size": n, "state": model.ALLOCATED}],
+                "blocks": [{"address": ptr, "size": n, "state": ALLOCATED}],
             }
             for ptr, (n, s) in sorted(self.live.items())
         ]
@@ -89,10 +88,10 @@ def test_segments_figure_draws_each_block_in_its_state_colour():
     expected = []
     for seg in segments:
         for b in seg["blocks"]:
-            if b["state"] == model.INACTIVE:
+            if b["state"] == INACTIVE:
                 kind = "free, split segment" if len(seg["blocks"]) > 1 else "free, whole segment"
             else:
-                kind = {model.ALLOCATED: "allocated", model.PENDING_FREE: "pending free"}
+                kind = {ALLOCATED: "allocated", PENDING_FREE: "pending free"}
                 kind = kind[b["state"]]
             expected.append((kind, b["size"] / seg["total_size"]))
     assert {k for k, _ in expected} == set(viz.COLOURS)  # the trace shows every kind
@@ -129,8 +128,8 @@ def test_segments_figure_reads_only_the_keys_learners_must_give():
             "stream": 0,
             "segment_type": "small",
             "blocks": [
-                {"address": base, "size": 512, "state": model.ALLOCATED},
-                {"address": base + 512, "size": 2 * MiB - 512, "state": model.INACTIVE},
+                {"address": base, "size": 512, "state": ALLOCATED},
+                {"address": base + 512, "size": 2 * MiB - 512, "state": INACTIVE},
             ],
         },
         {
@@ -138,7 +137,7 @@ def test_segments_figure_reads_only_the_keys_learners_must_give():
             "total_size": 80 * MiB,
             "stream": 1,
             "segment_type": "large",
-            "blocks": [{"address": base + 2 * MiB, "size": 80 * MiB, "state": model.INACTIVE}],
+            "blocks": [{"address": base + 2 * MiB, "size": 80 * MiB, "state": INACTIVE}],
         },
     ]
     fig = _render(viz.segments_figure(segments, title="mine"))
@@ -153,7 +152,7 @@ def test_segments_figure_reads_only_the_keys_learners_must_give():
 
 # ------------------------------------------------------------------ record
 def test_record_gives_one_step_per_op_with_its_calls_and_stats():
-    steps = viz.record(HAND)
+    steps = viz.record(HAND, model.CachingAllocatorModel)
     assert [s.index for s in steps] == list(range(1, len(HAND) + 1))
     assert [s.op for s in steps] == HAND
     assert steps[2].text == "#3 = malloc(5 MiB, stream 0)" and steps[4].text == "free(#4)"
@@ -163,9 +162,9 @@ def test_record_gives_one_step_per_op_with_its_calls_and_stats():
     assert steps[7].calls == (("cudaEventRecord", 1),)  # freed while used on stream 1
     assert steps[-1].segments == _snapshot(HAND)
     # the statistics are the ones the model's memory_stats() reports after each op
-    alloc = model.CachingAllocatorModel(model.SimulatedGPU(2 * model.GiB))
+    alloc = model.CachingAllocatorModel(SimulatedGPU(2 * GiB))
     current = []
-    model.replay(
+    traces.replay(
         alloc,
         alloc.gpu,
         HAND,
@@ -177,7 +176,7 @@ def test_record_gives_one_step_per_op_with_its_calls_and_stats():
 
 
 def test_record_shows_the_out_of_memory_step():
-    steps = viz.record(OOM, capacity=64 * MiB)
+    steps = viz.record(OOM, model.CachingAllocatorModel, capacity=64 * MiB)
     assert isinstance(steps[3].result, DeviceOutOfMemory)
     assert ("cudaMalloc", 40 * MiB, None) in steps[3].calls  # the failed cudaMalloc
     assert any(c[0] == "cudaFree" and c[2] == 20 * MiB for c in steps[3].calls)  # the retry
@@ -200,7 +199,7 @@ def test_record_runs_a_learner_allocator_with_only_malloc_free_snapshot():
 
 # ------------------------------------------------------------------ timeline_figure
 def test_timeline_figure_plots_the_four_statistics_and_marks_calls_and_oom():
-    steps = viz.record(OOM, capacity=64 * MiB)
+    steps = viz.record(OOM, model.CachingAllocatorModel, capacity=64 * MiB)
     fig = _render(viz.timeline_figure(steps))
     (ax,) = fig.axes
     lines = {line.get_label(): line for line in ax.get_lines()}
@@ -224,7 +223,7 @@ def test_timeline_figure_plots_the_four_statistics_and_marks_calls_and_oom():
 
 # ------------------------------------------------------------------ explore_trace
 def test_explore_trace_follows_its_slider():
-    box = viz.explore_trace(OOM, capacity=64 * MiB)
+    box = viz.explore_trace(viz.record(OOM, model.CachingAllocatorModel, capacity=64 * MiB))
     slider, out = box.children
     assert (slider.min, slider.max, slider.value) == (1, len(OOM), 1)
     first = out.value

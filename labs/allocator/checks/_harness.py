@@ -1,9 +1,13 @@
 """What the judges of exercises 2-4 share: the learner's allocator class replays a trace in the
 kernel (the probe :func:`labs.allocator.probes.replay`, which reports every step as plain data),
-the reference model (``labs.allocator.model``, itself checked against the real allocator)
-replays it here on a :class:`SimulatedGPU` of its own, and :func:`compare` stops at the first
-step where they differ, saying what differs in the learner's terms (which block best fit was
-owed, which split or merge is missing).
+and :func:`compare` holds it against a :class:`~labs.allocator.traces.Run` of the reference
+model on the same trace (itself checked against the real allocator), stopping at the first step
+where they differ and saying what differs in the learner's terms (which block best fit was owed,
+which split or merge is missing).
+
+The public checks compare with the runs the model recorded (``traces.recorded``); the hidden
+checks run the model here, in the grader's process (:func:`reference_run`). The learners' copy
+has no model, and :func:`reference_model` is the one place a check imports it.
 """
 
 from __future__ import annotations
@@ -11,21 +15,51 @@ from __future__ import annotations
 from collections import Counter
 
 from grader.checks import AnswerRaised, CheckFailure, exact
-from labs.allocator import model, probes
-from labs.allocator.gpu import DeviceOutOfMemory, SimulatedGPU
+from labs.allocator import probes, traces
+from labs.allocator.gpu import DeviceOutOfMemory
+from labs.allocator.snapshots import (
+    ALLOCATED,
+    INACTIVE,
+    K_LARGE_BUFFER,
+    K_SMALL_SIZE,
+    PENDING_FREE,
+    SIZE_MAX,
+    GiB,
+    format_bytes,
+)
 
-_STATES = (model.ALLOCATED, model.PENDING_FREE, model.INACTIVE)
+_STATES = (ALLOCATED, PENDING_FREE, INACTIVE)
+#: how this lab names the model a learner is compared with, on every machine: on a GPU, the
+#: real allocator is compared with it too (allocator.vs-real)
+MODEL = "the reference model (torch 2.13.0's rules)"
+
+
+def reference_model():
+    """The reference model (module ``labs.allocator.model``), imported when a hidden check
+    first needs it: it is the instructor's, and the learners' copy of the course has neither
+    it nor the hidden checks."""
+    from labs.allocator import model
+
+    return model
+
+
+def reference_run(trace: list[tuple], *, capacity: int = 2 * GiB,
+                  max_split_size: int | None = None, coalesce: bool = True) -> traces.Run:
+    """The reference model's run of ``trace`` (see ``labs.allocator.model.run``), made now."""
+    return traces.Run.from_json(reference_model().run(trace, capacity=capacity,
+                                                max_split_size=max_split_size,
+                                                coalesce=coalesce))
 
 
 def size(n: int) -> str:
     """Bytes for a message, with the byte count when the unit does not divide it."""
-    return model.format_bytes(n, exact=True)
+    return format_bytes(n, exact=True)
 
 
 def story(trace: list[tuple], upto: int, last: int = 6) -> str:
     """The ops leading to step ``upto`` (counted from 1), the last few of them."""
     first = max(0, upto - last)
-    lines = [f"{i + 1}. {model.describe(op, exact=True)}"
+    lines = [f"{i + 1}. {traces.describe(op, exact=True)}"
              for i, op in enumerate(trace[first:upto], first)]
     return ("... " if first else "") + "; ".join(lines)
 
@@ -76,7 +110,7 @@ def plain_snapshot(value, what: str = "snapshot()") -> list[dict]:
                 raise CheckFailure(f"block {j} of segment {i} has state {b['state']!r}; a "
                                    f"block's state is one of {', '.join(_STATES)}.")
             blocks.append({"address": b["address"], "size": b["size"], "state": b["state"],
-                           "requested_size": 0 if b["state"] == model.INACTIVE
+                           "requested_size": 0 if b["state"] == INACTIVE
                            else b["requested_size"]})
         out.append({"address": seg["address"], "total_size": seg["total_size"],
                     "stream": seg["stream"], "segment_type": seg["segment_type"],
@@ -114,11 +148,11 @@ def invariants(segs: list[dict], segments: dict[int, int], live: dict[int, int],
             raise CheckFailure(
                 f"{where}: the blocks of the segment at {s['address']:#x} add up to "
                 f"{size(pos - s['address'])}, not its {size(s['total_size'])}.")
-    allocated = {b["address"] for s in segs for b in s["blocks"] if b["state"] == model.ALLOCATED}
+    allocated = {b["address"] for s in segs for b in s["blocks"] if b["state"] == ALLOCATED}
     if allocated != set(live.values()):
         wrong = sorted(allocated ^ set(live.values()))
         raise CheckFailure(
-            f"{where}: the blocks marked {model.ALLOCATED!r} are not the live allocations "
+            f"{where}: the blocks marked {ALLOCATED!r} are not the live allocations "
             f"(they differ at {', '.join(hex(a) for a in wrong[:3])}).")
 
 
@@ -129,32 +163,26 @@ def _locate(segs: list[dict], ptr: int) -> str:
     return f"{ptr:#x}, outside every segment"
 
 
-def compare(cls, trace: list[tuple], *, capacity: int = 2 * model.GiB,
-            max_split_size: int | None = None, coalesce: bool = True,
-            label: str = "a trace", seen: dict | None = None) -> None:
-    """Replay ``trace`` through ``cls(gpu, max_split_size=...)`` in the kernel (or take ``seen``,
-    :func:`replayed`'s report of it) and through the reference model here; raise
-    CheckFailure at the first step where the address returned, the cudaMalloc /
-    cudaFree calls, or the segments and blocks differ."""
-    ref_gpu = SimulatedGPU(capacity)
+def compare(cls, run: traces.Run, *, label: str = "a trace", seen: dict | None = None) -> None:
+    """Replay ``run``'s trace through ``cls(gpu, max_split_size=...)`` in the kernel (or take
+    ``seen``, :func:`replayed`'s report of it) and raise CheckFailure at the first step where
+    the address returned, the cudaMalloc / cudaFree calls, or the segments and blocks differ
+    from the reference model's ``run``."""
+    trace, capacity, max_split_size = run.trace, run.capacity, run.max_split_size
     seen = seen or replayed(cls, trace, capacity, max_split_size)
-    ref = model.CachingAllocatorModel(ref_gpu, max_split_size=max_split_size, coalesce=coalesce)
     setting = "" if max_split_size is None else f", max_split_size={size(max_split_size)}"
-    if not coalesce:
-        setting += "; compared with the real rules without merging (exercise 2)"
+    if not run.coalesce:
+        setting += "; compared with the rules without merging (exercise 2)"
     mine_live: dict[int, int] = {}
-    ref_live: dict[int, int] = {}
-    for step, op in enumerate(trace, 1):
+    before_ref: list[dict] = []
+    for step, (op, ref) in enumerate(zip(trace, run.steps), 1):
         where = f"on {label} (capacity {size(capacity)}{setting}), after step {step}"
         if step > len(seen["steps"]):
             if seen["raised"]:
                 raise AnswerRaised(seen["raised"])
             raise CheckFailure(f"{where}: the replay of your allocator stopped early.")
         mine = seen["steps"][step - 1]
-        before_ref = ref.snapshot()
-        n_ref = len(ref_gpu.log)
-        ref_result = probes.apply_op(ref, ref_gpu, op, ref_live)
-        mine_result = mine["result"]
+        ref_result, mine_result = ref.result, mine["result"]
         if op[0] == "malloc" and mine_result != "oom":
             mine_live[op[1]] = mine_result
         elif op[0] == "free":
@@ -163,11 +191,11 @@ def compare(cls, trace: list[tuple], *, capacity: int = 2 * model.GiB,
         if isinstance(ref_result, DeviceOutOfMemory) != (mine_result == "oom"):
             if isinstance(ref_result, DeviceOutOfMemory):
                 raise CheckFailure(
-                    f"{where}: the real allocator runs out of memory here ({ref_result}), but "
-                    "your malloc returned an address." + context)
+                    f"{where}: {MODEL} runs out of memory here ({ref_result}), but your malloc "
+                    "returned an address." + context)
             raise CheckFailure(
-                f"{where}: your malloc raised DeviceOutOfMemory, but the real allocator finds "
-                f"memory for it ({_locate(ref.snapshot(), ref_result)})." + context)
+                f"{where}: your malloc raised DeviceOutOfMemory, but {MODEL} finds memory for "
+                f"it ({_locate(ref.segments, ref_result)})." + context)
         segs_mine = plain_snapshot(mine["snapshot"])
         if op[0] == "malloc" and not isinstance(ref_result, DeviceOutOfMemory):
             exact(mine_result, int, f"the address malloc returned at step {step}")
@@ -178,25 +206,26 @@ def compare(cls, trace: list[tuple], *, capacity: int = 2 * model.GiB,
                     f"{where}: your malloc for stream {op[3]} returned a block of a segment of "
                     f"stream {owner['stream']}. Cached blocks are reused only by requests on the "
                     "stream they were allocated on (pools are ordered by stream first)." + context)
-        calls_ref = Counter(c for c in ref_gpu.log[n_ref:] if c[0] in ("cudaMalloc", "cudaFree"))
+        calls_ref = Counter(c for c in ref.calls if c[0] in ("cudaMalloc", "cudaFree"))
         calls_mine = Counter(tuple(c) for c in mine["calls"])
         if calls_ref != calls_mine:
             raise CheckFailure(f"{where}: {_calls(calls_mine, calls_ref)}" + context)
         invariants(segs_mine, mine["segments"], mine_live, where)
-        segs_ref = [_reduce(s) for s in ref.snapshot()]
+        segs_ref = [_reduce(s) for s in ref.segments]
         if op[0] == "malloc" and mine_result != ref_result and isinstance(ref_result, int):
-            why = _why_block(before_ref, op, model.round_size(op[2]), max_split_size)
+            why = _why_block(before_ref, op, ref.rounded, max_split_size)
             if _pending(segs_ref) < _pending(before_ref):
                 why = ("Before searching, malloc frees the blocks whose events have all completed "
                        "(process_events), and they merge with free neighbours: "
                        f"{_pending(before_ref) - _pending(segs_ref)} pending block(s) were freed "
                        "here first.")
             raise CheckFailure(
-                f"{where}: your malloc returned {_locate(segs_mine, mine_result)}; the real "
-                f"allocator returns {_locate(segs_ref, ref_result)}. {why} The allocation is the "
-                "front of the chosen block (its address); a split-off rest follows it." + context)
+                f"{where}: your malloc returned {_locate(segs_mine, mine_result)}; {MODEL} "
+                f"returns {_locate(segs_ref, ref_result)}. {why} The allocation is the front of "
+                "the chosen block (its address); a split-off rest follows it." + context)
         if segs_mine != segs_ref:
-            raise CheckFailure(f"{where}: {_diff(segs_mine, segs_ref, coalesce)}" + context)
+            raise CheckFailure(f"{where}: {_diff(segs_mine, segs_ref, run.coalesce)}" + context)
+        before_ref = segs_ref
 
 
 def _reduce(seg: dict) -> dict:
@@ -217,27 +246,27 @@ def _calls(mine: Counter, ref: Counter) -> str:
             parts.append(what + (f" x{calls[call]}" if calls[call] > 1 else ""))
         return ", ".join(parts)
 
-    return (f"your allocator made {fmt(mine)}; the real allocator makes {fmt(ref)}. A segment "
+    return (f"your allocator made {fmt(mine)}; {MODEL} makes {fmt(ref)}. A segment "
             "is cudaMalloc'ed only when no cached block fits, with the segment size of the "
             "request's pool; cudaFree returns whole cached segments only.")
 
 
 def _pending(segs: list[dict]) -> int:
-    return sum(b["state"] == model.PENDING_FREE for s in segs for b in s["blocks"])
+    return sum(b["state"] == PENDING_FREE for s in segs for b in s["blocks"])
 
 
 def _why_block(before: list[dict], op: tuple, rounded: int, max_split: int | None) -> str:
     """Why the reference picked its block, from the free blocks before the malloc."""
-    pool = "small" if rounded <= model.K_SMALL_SIZE else "large"
+    pool = "small" if rounded <= K_SMALL_SIZE else "large"
     free = [(b["size"], b["address"]) for s in before
             if s["segment_type"] == pool and s["stream"] == op[3]
-            for b in s["blocks"] if b["state"] == model.INACTIVE and b["size"] >= rounded]
+            for b in s["blocks"] if b["state"] == INACTIVE and b["size"] >= rounded]
     text = (f"The request rounds to {size(rounded)} ({pool} pool). ")
     if not free:
         return text + "No cached block of that pool and stream was big enough, so a new segment is due."
     best = min(free)
-    limit = model.SIZE_MAX if max_split is None else max_split
-    if rounded < limit <= best[0] or (rounded >= limit and best[0] >= rounded + model.K_LARGE_BUFFER):
+    limit = SIZE_MAX if max_split is None else max_split
+    if rounded < limit <= best[0] or (rounded >= limit and best[0] >= rounded + K_LARGE_BUFFER):
         return (text + f"The best-fit cached block ({size(best[0])}) is refused by the "
                 "max_split_size rules, so a new segment is due.")
     return (text + f"Best fit is the smallest cached block of that pool and stream with at least "
@@ -251,8 +280,8 @@ def _diff(mine: list[dict], ref: list[dict], coalesce: bool) -> str:
             continue
         for key in ("address", "total_size", "stream", "segment_type"):
             if a[key] != b[key]:
-                return (f"segment {i} has {key} {a[key]!r} in your snapshot, {b[key]!r} in the "
-                        "real allocator's.")
+                return (f"segment {i} has {key} {a[key]!r} in your snapshot, {b[key]!r} in "
+                        f"{MODEL}'s.")
         sizes_a = [(x["size"], x["state"]) for x in a["blocks"]]
         sizes_b = [(x["size"], x["state"]) for x in b["blocks"]]
         if sizes_a == sizes_b:
@@ -280,11 +309,10 @@ def _diff(mine: list[dict], ref: list[dict], coalesce: bool) -> str:
                     + ("; only free neighbours merge (not pending or allocated ones)"
                        if coalesce else "; nothing merges yet") + ".")
         return (f"segment {i} ({size(a['total_size'])}) holds blocks {_blocks(sizes_a)} in your "
-                f"snapshot, {_blocks(sizes_b)} in the real allocator's.{hint}")
-    return (f"your snapshot lists {len(mine)} segment(s), the real allocator's {len(ref)}.")
+                f"snapshot, {_blocks(sizes_b)} in {MODEL}'s.{hint}")
+    return (f"your snapshot lists {len(mine)} segment(s), {MODEL}'s {len(ref)}.")
 
 
 def _blocks(blocks: list[tuple[int, str]]) -> str:
-    short = {model.ALLOCATED: "allocated", model.PENDING_FREE: "pending free",
-             model.INACTIVE: "free"}
+    short = {ALLOCATED: "allocated", PENDING_FREE: "pending free", INACTIVE: "free"}
     return "[" + ", ".join(f"{size(n)} {short[s]}" for n, s in blocks) + "]"

@@ -1,82 +1,21 @@
 """Checks of ``allocator.oom-forensics``: ``oom_forensics(snapshot)`` on memory snapshots (the
 format of ``torch.cuda.memory._snapshot()``) taken when a request ran out of memory, produced by
-the reference model from seeded traces on small simulated GPUs. The expected answer is read from
-the model as it replays the trace (see :func:`snapshot_at_oom`); ``tests/`` checks that it agrees
-with the exercise's definitions applied to the snapshot."""
+the reference model from traces on small simulated GPUs. The expected answer is read from the
+model as it replays the trace (``labs.allocator.model.oom_case``); ``tests/`` checks that it
+agrees with the exercise's definitions applied to the snapshot. The public checks use the
+model's recorded cases, the hidden ones the model itself on seeded traces."""
 
 from __future__ import annotations
 
-import copy
-import random
-
 from grader.checks import CheckFailure, check, exact
-from labs.allocator import model
-from labs.allocator import probes
+from labs.allocator import probes, traces
+from labs.allocator.checks import _harness
 from labs.allocator.checks._harness import refuse_oracle, size
-from labs.allocator.gpu import DeviceOutOfMemory, SimulatedGPU
-from labs.allocator.traces import FRAGMENTED
+from labs.allocator.snapshots import MiB
 
 EXERCISE = "allocator.oom-forensics"
-MiB = model.MiB
 KEYS = ("oom_request", "peak_requested", "peak_at", "reserved_unallocated",
         "largest_free_block", "culprit")
-
-def snapshot_at_oom(trace: list[tuple], capacity: int) -> tuple[dict, dict] | None:
-    """The reference model's ``memory_snapshot()`` at the first out-of-memory of ``trace`` (the
-    trace stops there) and the answer, or None when it never runs out. The answer is read from
-    the model itself as it replays the trace (its stats, its blocks, and what freeing each block
-    would leave), not from the snapshot the learner's function reads."""
-    gpu = SimulatedGPU(capacity)
-    allocator = model.CachingAllocatorModel(gpu)
-    peak = {"bytes": 0, "at": 0}
-
-    class Stop(Exception):
-        pass
-
-    def step(i, op, result):
-        if isinstance(result, DeviceOutOfMemory):
-            raise Stop(op)
-        live = allocator.memory_stats()["requested_bytes.all.current"]
-        if live > peak["bytes"]:  # (the alloc event is the last one the malloc recorded)
-            peak.update(bytes=live, at=len(allocator.trace) - 1)
-
-    try:
-        model.replay(allocator, gpu, trace, step)
-    except Stop as stop:
-        return allocator.memory_snapshot(), _answer(allocator, stop.args[0], peak)
-    return None
-
-
-def _answer(allocator: model.CachingAllocatorModel, op: tuple, peak: dict) -> dict:
-    request, stream = model.round_size(op[2]), op[3]
-    stats = allocator.memory_stats()
-    return {
-        "oom_request": request,
-        "peak_requested": peak["bytes"],
-        "peak_at": peak["at"],
-        "reserved_unallocated": stats["reserved_bytes.all.current"]
-        - stats["allocated_bytes.all.current"],
-        "largest_free_block": max((b.size for b in allocator.blocks if not b.allocated),
-                                  default=0),
-        "culprit": _culprit(allocator, request, stream),
-    }
-
-
-def _culprit(allocator: model.CachingAllocatorModel, request: int, stream: int) -> int | None:
-    """The smallest allocated block (lowest address on ties) of the request's pool and stream
-    that, freed in a copy of the model (which merges it with free neighbours), leaves a free
-    block of at least ``request`` bytes."""
-    small = request <= model.K_SMALL_SIZE
-    for block in sorted(allocator.allocated.values(), key=lambda b: (b.size, b.ptr)):
-        if block.pool.small != small or block.stream != stream:
-            continue
-        trial = copy.deepcopy(allocator)
-        trial.free(block.ptr)
-        freed = next(b for b in trial.blocks if b.ptr <= block.ptr < b.ptr + b.size)
-        if freed.size >= request:
-            return block.ptr
-    return None
-
 
 _WHAT = {
     "oom_request": "the size of the request that failed (the trace's 'oom' entry)",
@@ -117,29 +56,16 @@ def _verify(oom_forensics, case: tuple[dict, dict], label: str) -> None:
         raise CheckFailure("oom_forensics modified the snapshot it was given; read it only.")
 
 
-def random_snapshots(seed: int, count: int) -> list[tuple[dict, dict]]:
-    """Seeded snapshots at an OOM, of traces on small GPUs, each with its answer."""
-    rng = random.Random(seed)
-    found = []
-    while len(found) < count:
-        trace = model.random_trace(rng, 150, live_max=rng.choice([6, 10, 14]))
-        case = snapshot_at_oom(trace, rng.choice([64, 96, 128]) * MiB)
-        if case is not None:
-            found.append(case)
-    return found
-
-
 @check(EXERCISE)
 def worked_example(oom_forensics, ctx):
     """finds what the notebook's example shows"""
-    _verify(oom_forensics, snapshot_at_oom(FRAGMENTED, 100 * MiB), "the notebook's example")
+    _verify(oom_forensics, traces.recorded_oom("fragmented"), "the notebook's example")
 
 
 @check(EXERCISE)
 def random_oom(oom_forensics, ctx):
-    """is right on a seeded random OOM"""
-    (case,) = random_snapshots(ctx.seed, 1)
-    _verify(oom_forensics, case, f"a random OOM (seed {ctx.seed})")
+    """is right on a random OOM"""
+    _verify(oom_forensics, traces.recorded_oom("random"), "the public random OOM")
 
 
 #: edge cases: the peak is reached twice (the first counts); a small-pool block would leave room
@@ -153,12 +79,13 @@ OTHER_POOL = [("malloc", 1, 100_000, 0), ("malloc", 2, 9 * MiB, 0), ("malloc", 3
 @check(EXERCISE, hidden=True)
 def edge_cases(oom_forensics, ctx):
     """is right when the peak repeats and when another pool has room"""
-    _verify(oom_forensics, snapshot_at_oom(REPEATED_PEAK, 64 * MiB), "a repeated peak")
-    _verify(oom_forensics, snapshot_at_oom(OTHER_POOL, 24 * MiB), "a full large pool")
+    model = _harness.reference_model()
+    _verify(oom_forensics, model.oom_case(REPEATED_PEAK, 64 * MiB), "a repeated peak")
+    _verify(oom_forensics, model.oom_case(OTHER_POOL, 24 * MiB), "a full large pool")
 
 
 @check(EXERCISE, hidden=True)
 def many_ooms(oom_forensics, ctx):
     """is right on more seeded OOMs"""
-    for k, case in enumerate(random_snapshots(ctx.seed + 6000, 8)):
+    for k, case in enumerate(_harness.reference_model().random_oom_cases(ctx.seed + 6000, 8)):
         _verify(oom_forensics, case, f"hidden OOM {k + 1}")

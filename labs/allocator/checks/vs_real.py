@@ -1,33 +1,27 @@
 """Checks of ``allocator.vs-real`` (needs a CUDA GPU): ``replay_on_cuda(trace)`` runs a trace on the
 real caching allocator and returns ``torch.cuda.memory_stats()`` after each step; the statistics
 must be those the reference model predicts (so the model, and the learner's, which exercises 2-4
-compared with it, predict the real allocator)."""
+compared with it, predict the real allocator): the public check along a trace the model's run of
+which is recorded, the hidden ones along seeded traces the model runs here."""
 
 from __future__ import annotations
 
 import random
 
 from grader.checks import CheckFailure, check, exact
-from labs.allocator import model
-from labs.allocator import probes
+from labs.allocator import probes, traces
+from labs.allocator.checks import _harness
 from labs.allocator.checks._harness import refuse_oracle, size, story
-from labs.allocator.gpu import SimulatedGPU
+from labs.allocator.snapshots import STAT_NAMES, GiB
 
 EXERCISE = "allocator.vs-real"
-COMPARED = [f"{name}.{scope}.current" for name in model.STAT_NAMES
+COMPARED = [f"{name}.{scope}.current" for name in STAT_NAMES
             for scope in ("all", "small_pool", "large_pool")]
 
 
-def predicted(trace: list[tuple]) -> list[dict]:
-    """The reference model's ``memory_stats()`` after each step of ``trace``."""
-    gpu = SimulatedGPU(64 * model.GiB)
-    allocator = model.CachingAllocatorModel(gpu)
-    steps: list[dict] = []
-    model.replay(allocator, gpu, trace, lambda i, op, r: steps.append(allocator.memory_stats()))
-    return steps
-
-
-def _verify(replay_on_cuda, trace: list[tuple], label: str) -> None:
+def _verify(replay_on_cuda, run: traces.Run, label: str) -> None:
+    """``replay_on_cuda(run.trace)`` against the statistics of the model's ``run`` of it."""
+    trace = run.trace
     seen = replay_on_cuda.probe(probes.on_cuda, [list(op) for op in trace])
     if seen["reserved"]:
         raise CheckFailure(
@@ -45,8 +39,9 @@ def _verify(replay_on_cuda, trace: list[tuple], label: str) -> None:
     if len(got) != len(trace):
         raise CheckFailure(f"replay_on_cuda returned {len(got)} dicts for a trace of "
                            f"{len(trace)} steps; return memory_stats() after every step.")
-    for step, (stats, want) in enumerate(zip(got, predicted(trace)), 1):
+    for step, (stats, ref) in enumerate(zip(got, run.steps), 1):
         exact(stats, dict, f"the stats of step {step}")
+        want = ref.stats
         for key in COMPARED:
             if stats.get(key, 0) != want[key]:
                 raise CheckFailure(
@@ -56,9 +51,8 @@ def _verify(replay_on_cuda, trace: list[tuple], label: str) -> None:
 
 @check(EXERCISE)
 def one_stream(replay_on_cuda, ctx):
-    """the real allocator's stats are the model's, along a seeded trace on one stream"""
-    trace = model.random_trace(random.Random(ctx.seed), 60)
-    _verify(replay_on_cuda, trace, f"a random trace (seed {ctx.seed})")
+    """the real allocator's stats are the model's, along a random trace on one stream"""
+    _verify(replay_on_cuda, traces.recorded("vs_real_random"), "the public random trace")
 
 
 @check(EXERCISE, hidden=True)
@@ -66,5 +60,6 @@ def two_streams(replay_on_cuda, ctx):
     """and along seeded traces on two streams with empty_cache"""
     rng = random.Random(ctx.seed + 7000)
     for k in range(3):
-        trace = model.random_trace(rng, 80, streams=2, empty_cache=True)
-        _verify(replay_on_cuda, trace, f"hidden trace {k + 1}")
+        trace = traces.random_trace(rng, 80, streams=2, empty_cache=True)
+        run = _harness.reference_run(trace, capacity=64 * GiB)
+        _verify(replay_on_cuda, run, f"hidden trace {k + 1}")

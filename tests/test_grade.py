@@ -3,9 +3,11 @@
 import copy
 import json
 import os
+import py_compile
 import shutil
 import sys
 import tempfile
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -238,6 +240,9 @@ print("SEES runs", len(os.listdir(os.path.dirname(os.path.dirname(os.getcwd())))
 print("SEES toy-solutions", *os.listdir(os.path.join(root, "tests", "fixtures", "solutions")))
 print("SEES checks", *[p for p in glob.glob(os.path.join(root, "labs", "*", "checks*"))
                        if not os.path.isdir(p) or os.listdir(p)])
+print("SEES model", *[p for p in glob.glob(os.path.join(root, "labs", "allocator", "*model*"))
+                      + glob.glob(os.path.join(root, "labs", "allocator", "__pycache__", "*"))
+                      if os.path.getsize(p)])
 """ + ADD
 
 
@@ -250,6 +255,10 @@ def test_a_kernel_sees_of_the_course_only_what_it_imports_and_of_the_runs_only_i
     if not kernel_isolation().namespace:
         pytest.skip(f"no mount namespace here: {kernel_isolation().words}")
     other = tempfile.mkdtemp(prefix="grade-", dir=runs_folder())  # another run's folder
+    # lab 3's instructor-only model, compiled as a judge's import leaves it (whatever
+    # PYTHONDONTWRITEBYTECODE says): neither the source nor the bytecode may be read
+    model = ROOT / "labs" / "allocator" / "model.py"
+    compiled = Path(py_compile.compile(str(model), doraise=True))
     try:
         ex, _ = grade(submit(tmp_path, add=SEES, mul=MUL))
     finally:
@@ -264,6 +273,7 @@ def test_a_kernel_sees_of_the_course_only_what_it_imports_and_of_the_runs_only_i
     # (the toy lab's own course, tests/fixtures, is under tests/: that one stays)
     assert set(lines["course"]) <= {"grader", "labs", "tests", venv}, lines
     assert lines["runs"] == ["1"] and lines["checks"] == [] and lines["toy-solutions"] == []
+    assert compiled.stat().st_size and lines["model"] == [], lines["model"]
     # and of every lab, its instructor-only files (lab 3's reference model) read empty
     from grader.judge.grade import _course_hidden
     from grader.labs import load_lab

@@ -249,15 +249,23 @@ def _course_hidden(lab: Lab) -> tuple[str, ...]:
     ``grader/`` and ``labs/`` (and one holding the interpreter, such as a venv): the reference
     solutions, the repository's history (``.git``), earlier grades (``build/``), the tests; and
     every lab's checks (the judges, which run in the grader's process) and its
-    ``instructor_only`` files (such as lab 3's reference model)."""
+    ``instructor_only`` files (such as lab 3's reference model) with their folder's
+    ``__pycache__``."""
     hidden = set()
     for root in {lab.root, grader.ROOT}:
         hidden |= {p for p in root.iterdir() if p.is_dir() and not p.is_symlink()
                    and p.name not in ("grader", "labs") and not _needed(p, lab)}
         hidden |= set((root / "labs").glob("*/checks*"))
     for other in map(load_lab, lab_ids()):
-        hidden |= {path for name in other.instructor_only
-                   if (path := other.root / "labs" / other.id / name).exists()}
+        for name in other.instructor_only:
+            path = other.root / "labs" / other.id / name
+            if path.exists():
+                # and its folder's bytecode cache, made now if missing: the judges import the
+                # file while kernels run, and what Python compiles of it lands there
+                cache = path.parent / "__pycache__"
+                with contextlib.suppress(OSError):
+                    cache.mkdir(exist_ok=True)
+                hidden |= {path, cache} if cache.is_dir() else {path}
     return tuple(sorted(map(str, hidden)))
 
 

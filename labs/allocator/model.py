@@ -18,12 +18,12 @@ OOM path (``alloc_block``, ``release_available_cached_blocks``, ``release_cached
 Not modelled: expandable segments, the garbage-collection threshold, memory fractions, IPC.
 
 **Instructor-only.** The model answers exercises 1-5, so the learners' copy of the course leaves
-this module out (``exclude`` in ``lab.toml``). What learners see of it is recorded: :func:`run`
-replays a trace and returns every step as plain data, and ``python -m labs.allocator.model``
-writes the runs the notebook shows and the public checks compare with, the plans of section 2's
-tables and the public out-of-memory cases to ``labs/allocator/recorded.json``
-(:func:`labs.allocator.traces.recorded` reads them; ``tests/`` checks the file is current).
-The hidden checks run the model itself, in the grader's process.
+this module out (``instructor_only`` in ``lab.toml``), and grading kernels do not see it. What
+learners see of it is recorded: :func:`run` replays a trace and returns every step as plain
+data, and ``python -m labs.allocator.model`` writes the runs the notebook shows and the public
+checks compare with, the plans of section 2's tables and the public out-of-memory cases to
+``labs/allocator/recorded.json`` (:func:`labs.allocator.traces.recorded` reads them; ``tests/``
+checks the file is current). The hidden checks run the model itself, in the grader's process.
 """
 
 from __future__ import annotations

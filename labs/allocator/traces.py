@@ -288,8 +288,8 @@ class Run:
 
     @classmethod
     def from_json(cls, data: dict) -> Run:
-        """A run from the plain data ``labs.allocator.model.run`` returns (and ``recorded.json``
-        holds)."""
+        """A run from the plain data ``recorded.json`` holds (what the reference model's ``run``
+        returns, on the instructor's side)."""
         trace = [_op(op) for op in data["trace"]]
         steps = []
         for i, (op, step) in enumerate(zip(trace, data["steps"], strict=True)):

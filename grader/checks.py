@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 from grader.kernel import probe as _probe
 from grader.kernel.probe import plain, probe, raised, seeded_rng, state_changes, torch_defaults
+from grader.results import ANSI
 
 __all__ = ["Answer", "AnswerError", "AnswerRaised", "CheckContext", "CheckFailure", "Verdict",
            "ahead", "check", "checks_for", "exact", "paired", "plain", "plain_tensor", "probe",
@@ -177,7 +178,7 @@ class Verdict:
     ``status`` is ``passed`` (every check passed), ``failed`` (a check found the answer wrong),
     ``error`` (the answer raised, or is missing) or ``crashed`` (it ran out of memory).
     ``passed``/``total`` count the checks run; checks stop at the first miss, so ``passed`` is
-    how far the answer got.
+    how far the answer got. ``message`` is kept without terminal colour codes.
     """
 
     exercise: str
@@ -186,6 +187,9 @@ class Verdict:
     passed: int
     total: int
     seed: int
+
+    def __post_init__(self):
+        object.__setattr__(self, "message", ANSI.sub("", self.message))
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -10,6 +10,7 @@ import hmac
 import json
 import os
 import platform
+import re
 import secrets
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -44,13 +45,19 @@ def is_pinned_torch(version: str) -> bool:
     return version.split("+")[0] == PINNED_TORCH
 
 
+#: a terminal's colour and cursor codes (ECMA-48 CSI sequences), which IPython puts in
+#: tracebacks: no verdict, result or report keeps them
+ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+
+
 @dataclass(frozen=True)
 class ExerciseResult:
     """One exercise's outcome. ``points`` is ``max_points`` when passed, else 0;
     ``duration_s`` is wall time in seconds from its first cell to its verdict.
     ``version_caveat``: graded under a torch other than the pinned release, and its checks
     depend on behaviour of that release (``pinned_behaviour`` in the lab table), so its status
-    may reflect the version rather than the answer; False in every run on the pinned release."""
+    may reflect the version rather than the answer; False in every run on the pinned release.
+    ``message`` is kept without terminal colour codes (:data:`ANSI`)."""
 
     id: str
     title: str
@@ -64,6 +71,7 @@ class ExerciseResult:
     def __post_init__(self):
         if self.status not in STATUSES:
             raise ValueError(f"unknown status {self.status!r}")
+        object.__setattr__(self, "message", ANSI.sub("", self.message))
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,18 @@ def test_the_stub_is_named_as_the_stub():
     assert v.status == "error" and "toy.add is still the stub" in v.message
 
 
+def test_no_verdict_or_result_keeps_terminal_colour_codes():
+    from grader.results import ExerciseResult
+
+    def coloured(a, b):
+        raise ValueError("\x1b[0;31mnot\x1b[0m \x1b[1;32msummed\x1b[0m")
+
+    v = run_checks("toy.add", coloured)
+    assert v.status == "error" and "not summed" in v.message and "\x1b" not in v.message
+    result = ExerciseResult("toy.add", "Add", "error", 0, 1, "\x1b[31mred\x1b[39m and plain")
+    assert result.message == "red and plain"
+
+
 def test_an_answer_that_raises_is_an_error_quoting_the_learners_line(monkeypatch):
     src = "def add(a, b):\n    x = 1\n    return a + b + None\n"
     # IPython keeps each cell's source in linecache under the cell's file name; so do we

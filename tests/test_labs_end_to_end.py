@@ -1,6 +1,7 @@
 """Every lab end to end, in real kernels: the reference notebook scores full marks and runs
 without an error, and the released notebook scores zero with every exercise naming
-NotImplementedError (or skipped where this machine lacks what it needs).
+NotImplementedError (or skipped where this machine lacks what it needs), its demo cells running
+on without an error.
 
 The released notebooks are graded whole for the labs whose narrative hands the learner's answers
 to other processes or compilers (lab 5's forked ranks, lab 6's exporters): for every lab, each
@@ -57,3 +58,8 @@ def test_released_notebook_scores_zero_naming_the_stub(lab_id, tmp_path):
             continue
         assert e.status in ("failed", "error"), (e.id, e.status)
         assert "NotImplementedError" in e.message and e.id in e.message, (e.id, e.message)
+    # Run All of the release goes on: a demo cell that needs an answer says what it will show
+    executed = notebook.read(tmp_path / "out" / f"{lab.notebook}.executed.ipynb")
+    errors = [(c.id, o.get("ename")) for c in executed.cells if c.cell_type == "code"
+              for o in c.outputs if o.get("output_type") == "error"]
+    assert errors == []

@@ -17,8 +17,8 @@ import grader
 from grader import notebook
 from grader.errors import GraderError
 from grader.reports.graded import Graded
-from grader.reports.render import ANSI, HTML, MARKDOWN
-from grader.results import CAVEAT_MARK, mismatch_note
+from grader.reports.render import HTML, MARKDOWN
+from grader.results import ANSI, CAVEAT_MARK, mismatch_note
 
 #: characters of one text output shown in feedback; the rest is cut with a note
 MAX_TEXT_CHARS = 2000

@@ -13,7 +13,6 @@ from markupsafe import Markup, escape
 from grader.reports.graded import num, pct
 
 #: the escape sequences of terminal colours, which a learner's output may hold
-ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 
 _MD_ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "\\": "\\\\", "*": "\\*", "_": "\\_",
                "[": "\\[", "]": "\\]"}

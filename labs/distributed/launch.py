@@ -50,8 +50,11 @@ from grader.checks import AnswerError, CheckFailure, explain, learner_line, out_
 
 #: seconds the other ranks get to report their own errors after the first one fails
 GRACE = 1.0
-#: seconds a call may take by default, every rank included (the checks' calls take 0.1-2 s)
+#: seconds a call may take by default, every rank included (the checks' calls take 0.1-2 s),
+#: on a machine with a CPU free for each process that wants one (see :func:`allowed`)
 TIMEOUT = 15.0
+#: the most a busy machine stretches a time limit (:func:`allowed`)
+MOST_STRETCH = 4.0
 PR_SET_PDEATHSIG = 1  # (linux/prctl.h)
 #: held while a world runs: one at a time per process. A judge's oracle worlds run in a thread
 #: of the grader's own, beside the kernel's worlds (another process); where both are one process
@@ -81,7 +84,8 @@ def run(fn, world_size: int, *args, timeout: float = TIMEOUT, backend: str = "gl
     values the ranks returned, by rank (they travel back pickled, so return plain data: tensors,
     numbers, lists, dicts).
 
-    ``timeout`` (seconds) bounds the whole call; the process group's own timeout is longer, so
+    ``timeout`` (seconds, stretched on a busy machine: :func:`allowed`) bounds the whole call;
+    the process group's own timeout is longer, so
     a rank that waits for a message no one sends is reported with the line it waits at, not
     with gloo's timeout error. ``echo`` prints what the ranks printed, ``[rank r]`` before each
     line. A world in which a rank fails before it has joined the process group is started again
@@ -95,8 +99,19 @@ def run(fn, world_size: int, *args, timeout: float = TIMEOUT, backend: str = "gl
         return _run(fn, world_size, args, timeout, backend, echo)
 
 
+def allowed(timeout: float) -> float:
+    """``timeout`` (seconds) stretched by how busy this machine is now: times the 1-minute load
+    average per CPU (``os.getloadavg``) when that is over 1, at most :data:`MOST_STRETCH` times.
+    A correct world on a machine shared with other work (a batch's other kernels, a test run's
+    other worker) then gets the CPU time it needs; a rank that waits forever is still stopped."""
+    per_cpu = os.getloadavg()[0] / (os.cpu_count() or 1)
+    return timeout * min(MOST_STRETCH, max(1.0, per_cpu))
+
+
 def _run(fn, world_size: int, args: tuple, timeout: float, backend: str, echo: bool) -> list:
     import torch.distributed as dist
+
+    timeout = allowed(timeout)
 
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -165,7 +180,9 @@ class _Rank:
             last = next((line.strip() for line in reversed(self.output().splitlines())
                          if line.strip()), "")
             said = f"; the last thing it printed: {last[-300:]}" if last else ""
-            self.failure = {"what": f"{how} before returning a result{said}"}
+            why = _gloo_why(last)
+            self.failure = {"what": f"{how} before returning a result{said}"
+                                    + (f" ({why})" if why else "")}
         else:
             if kind == "ok":
                 self.value = payload
@@ -227,6 +244,21 @@ def _wait(ranks: list[_Rank], deadline: float) -> None:
             r.failure = {"what": "hung", "where": r.where()}
 
 
+#: gloo's abort when a message does not fit its receive buffer (``gloo/transport/tcp/pair.cc``)
+_SIZE_MISMATCH = re.compile(r"op\.preamble\.length <= op\.nbytes\. (\d+) vs (\d+)")
+
+
+def _gloo_why(printed: str) -> str:
+    """What a gloo abort a rank printed means, in the learner's terms ("" for any other)."""
+    if m := _SIZE_MISMATCH.search(printed):
+        sent, room = m.groups()
+        return (f"gloo aborts a rank when a message of {sent} bytes arrives for a receive "
+                f"buffer of {room}: a recv's tensor must have as many elements, of the same dtype "
+                "(bytes per element), as the tensor sent to it (a float64 sent into a float32 "
+                "buffer is twice its bytes). It cannot be caught, so the rank dies")
+    return ""
+
+
 def _failure(failed: list[_Rank], timeout: float) -> Exception:
     """The error for the failed ranks: the first one that raised (others often fail only
     because it did), or the ranks that hung."""
@@ -251,7 +283,7 @@ def _failure(failed: list[_Rank], timeout: float) -> Exception:
                            f.get("exception", ""))
     names = ", ".join(f"rank {r.rank}{r.failure['where']}" for r in failed)
     return RankFailure(
-        f"{'these ranks' if len(failed) > 1 else 'a rank'} did not finish within {timeout:g} s "
+        f"{'these ranks' if len(failed) > 1 else 'a rank'} did not finish within {timeout:.3g} s "
         f"and were stopped: {names}. A rank that waits for a message no other rank sends (a "
         "recv without its send, two blocking sends facing each other, a collective that not "
         "every rank calls) waits forever.",

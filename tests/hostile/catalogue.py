@@ -544,7 +544,7 @@ FIXTURES = [
             "into the kernel", N,
             chain(after(N, "ring-allreduce", _HANGING_RANK), after(N, "mini-ddp", _EXITING_RANK),
                   before(N, "dtensor-redistribute", _LEAKED_GROUP)),
-            {"ring-allreduce": ("error", "did not finish within 15 s and were stopped"),
+            {"ring-allreduce": ("error", "did not finish within"),
              "mini-ddp": ("error", "rank 1 exited (exit code 0) before returning a result"),
              "dtensor-redistribute": ("failed", "a process group was initialized in the "
                                       "notebook's own process")}),

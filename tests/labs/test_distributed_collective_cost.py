@@ -24,6 +24,8 @@ def flawed(ref, flaw):
         if flaw == "tree time counts messages" and algorithm == "tree":
             messages = (p - 1) * (2 if op == "all_reduce" else 1)
             return sent, messages * (alpha + n * beta)
+        if flaw == "ring all-reduce moves n a step" and (op, algorithm) == ("all_reduce", "ring"):
+            return sent, 2 * (p - 1) * (alpha + n * beta)
         if flaw == "ring all-reduce sends 2n" and (op, algorithm) == ("all_reduce", "ring"):
             return [2 * n] * p, seconds
         if flaw == "every rank sends in a tree broadcast" and (op, algorithm) == ("broadcast",
@@ -64,6 +66,15 @@ def flawed(ref, flaw):
 ])
 def test_flawed_cost_models_fail(ref, flaw, phrase):
     assert_rejected(EX, flawed(ref, flaw), phrase)
+
+
+def test_the_message_names_the_term_that_differs(ref):
+    v = assert_rejected(EX, flawed(ref, "ring all-reduce moves n a step"), "The beta term differs")
+    assert "your time moves 24576 bytes" in v.message and "the real run 6144" in v.message
+    assert "alpha term" not in v.message, v.message
+    v = assert_rejected(EX, flawed(ref, "tree time counts messages"), "The alpha term differs")
+    assert "holds 3 latencies (alpha) on the critical path, the real run 2" in v.message
+    assert "The beta term differs" in v.message, v.message
 
 
 def test_log2_without_ceil_fails_on_a_hidden_world_of_three(ref):

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from grader.checks import CheckFailure
+from labs.distributed import launch
 from labs.distributed.launch import RankFailure, run
 
 
@@ -166,7 +167,36 @@ def _waits():
     dist.recv(torch.zeros(2), 1)
 
 
-def test_ranks_that_hang_are_stopped_and_named_with_where_they_were():
+def _receives_a_float64_into_float32():
+    if dist.get_rank() == 0:
+        dist.send(torch.ones(4, dtype=torch.float64), 1)
+    else:
+        dist.recv(torch.zeros(4), 0)
+
+
+def test_gloo_s_abort_on_a_message_bigger_than_its_buffer_is_explained():
+    with pytest.raises(RankFailure) as info:
+        run(_receives_a_float64_into_float32, 2, echo=False)
+    msg = str(info.value)
+    assert msg.startswith("rank 1 was killed by SIGABRT before returning a result"), msg
+    assert ("(gloo aborts a rank when a message of 32 bytes arrives for a receive buffer of 16: "
+            "a recv's tensor must have as many elements, of the same dtype") in msg, msg
+
+
+@pytest.fixture
+def calm(monkeypatch):
+    """A machine with nothing else to run: time limits are not stretched (launch.allowed)."""
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+
+
+def test_a_busy_machine_stretches_a_time_limit_by_its_load_per_cpu(monkeypatch):
+    cpus = os.cpu_count()
+    for load, stretch in ((0.5 * cpus, 1.0), (2.5 * cpus, 2.5), (40.0 * cpus, launch.MOST_STRETCH)):
+        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, 0.0, 0.0))
+        assert launch.allowed(10.0) == pytest.approx(10.0 * stretch)
+
+
+def test_ranks_that_hang_are_stopped_and_named_with_where_they_were(calm):
     start = time.monotonic()
     with pytest.raises(RankFailure) as info:
         run(_waits, 2, timeout=2, echo=False)
@@ -241,7 +271,7 @@ def _starts_a_process_and_hangs(pid_file):
     time.sleep(60)
 
 
-def test_a_process_a_rank_started_dies_with_it(tmp_path):
+def test_a_process_a_rank_started_dies_with_it(tmp_path, calm):
     pid_file = tmp_path / "grandchild"
     with pytest.raises(RankFailure, match="did not finish within 1 s"):
         run(_starts_a_process_and_hangs, 2, str(pid_file), timeout=1, echo=False)

@@ -27,7 +27,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from grader.checks import CheckFailure, ahead, check
+from grader.checks import AnswerRaised, CheckFailure, ahead, check
 from labs.distributed.checks._comms import CommLog
 from labs.distributed.checks._oracles import oracle
 
@@ -206,18 +206,47 @@ def _compare(collective_cost, p: int, sizes: dict, alpha: float, beta: float) ->
     answers = [_answer(collective_cost, op, algorithm, nbytes, p, alpha, beta)
                for (op, algorithm), nbytes in sizes.items()]
     measured = real_run.result()
-    for ((op, algorithm), _), (what, sent, seconds) in zip(sizes.items(), answers):
+    for ((op, algorithm), nbytes), (what, sent, seconds) in zip(sizes.items(), answers):
         real = [m[op, algorithm][0] for m in measured]
         if sent != real:
             raise CheckFailure(
                 f"{what}: you said the ranks send {sent} bytes; on {p} real ranks they sent "
                 f"{real} ({algorithm} {op}, as the exercise defines it).")
-        want = alpha_beta_time([m[op, algorithm][1] for m in measured], alpha, beta)
+        batches = [m[op, algorithm][1] for m in measured]
+        want = alpha_beta_time(batches, alpha, beta)
         if not math.isclose(seconds, want, rel_tol=1e-6):
             raise CheckFailure(
                 f"{what}: you said {seconds:.6g} s; the real run's messages take {want:.6g} s "
-                f"under the alpha-beta model (which messages wait for which decides the "
-                "number of alpha terms on the critical path; count the steps, not the messages).")
+                "under the alpha-beta model. "
+                + _terms(collective_cost, (op, algorithm, nbytes, p), alpha, beta, batches))
+
+
+def _terms(collective_cost, case: tuple, alpha: float, beta: float, batches: list) -> str:
+    """Which term of the time differs, from the answer asked again with beta = 0 (its alpha
+    term: latencies on the critical path) and with alpha = 0 (its beta term: bytes moved along
+    the critical path), against the real run's under the same model."""
+    try:
+        latencies = _answer(collective_cost, *case, alpha, 0.0)[2] / alpha
+        moved = _answer(collective_cost, *case, 0.0, beta)[2] / beta
+    except (AnswerRaised, CheckFailure):
+        latencies = moved = math.nan  # (the answer cannot be asked so: name no term)
+    want_latencies = alpha_beta_time(batches, alpha, 0.0) / alpha
+    want_moved = alpha_beta_time(batches, 0.0, beta) / beta
+    said = []
+    if not math.isclose(latencies, want_latencies, rel_tol=1e-6):
+        said.append(
+            f"The alpha term differs: your time holds {latencies:.4g} latencies (alpha) on the "
+            f"critical path, the real run {want_latencies:g}; which messages wait for which "
+            "decides it: count the steps, not the messages.")
+    if not math.isclose(moved, want_moved, rel_tol=1e-6):
+        said.append(
+            f"The beta term differs: your time moves {moved:.6g} bytes (times beta) along the "
+            f"critical path, the real run {want_moved:g}: the bytes of each step on it, "
+            "added up.")
+    if math.isnan(latencies) or not said:
+        return ("Count the steps on the critical path (alpha each) and the bytes each step "
+                "moves (beta per byte).")
+    return " ".join(said)
 
 
 def _public(seed: int) -> list[tuple[int, dict, float, float]]:

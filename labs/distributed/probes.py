@@ -317,7 +317,8 @@ def _ddp_rank(MiniDDP, spec: dict, cap: float, x: torch.Tensor, y: torch.Tensor,
     ``{"buckets": its buckets by parameter name (None when they are not lists of the module's
     parameters), "trainable": how many parameters require grad, "steps": [{"counts": its
     collectives by kind, "at_issue": gradients ready at each all-reduce, "issued_at": when each
-    was issued, "ready_at": when each gradient was ready, "grads": the .grads flattened, or
+    was issued, "ready_at": when each gradient was ready, "ready_order": the names of the
+    parameters in the order their gradients were ready, "grads": the .grads flattened, or
     "missing_grad": True when a .grad is None}, ...], "params": the parameters at the end}``."""
     from torch import nn
 
@@ -332,12 +333,13 @@ def _ddp_rank(MiniDDP, spec: dict, cap: float, x: torch.Tensor, y: torch.Tensor,
         buckets = [[names[id(q)] for q in b] for b in ddp.buckets]
     except (AttributeError, KeyError, TypeError):
         return {"buckets": None}
-    ready, ready_at = [0], []
+    ready, ready_at, ready_order = [0], [], []
     trainable = [q for q in model.parameters() if q.requires_grad]
 
-    def count(_):
+    def count(q):
         ready[0] += 1
         ready_at.append(time.perf_counter())
+        ready_order.append(names[id(q)])
 
     for q in trainable:
         q.register_post_accumulate_grad_hook(count)
@@ -347,7 +349,7 @@ def _ddp_rank(MiniDDP, spec: dict, cap: float, x: torch.Tensor, y: torch.Tensor,
     for step in range(steps):
         opt.zero_grad()
         loss = nn.functional.mse_loss(ddp(xs), ys)
-        ready[0], ready_at[:] = 0, []
+        ready[0], ready_at[:], ready_order[:] = 0, [], []
         if late and step == 0 and rank == p - 1:
             time.sleep(late)
         with _Issued(ready) as log:
@@ -357,6 +359,7 @@ def _ddp_rank(MiniDDP, spec: dict, cap: float, x: torch.Tensor, y: torch.Tensor,
             break
         seen.append({"counts": log.counts(), "at_issue": log.at_issue,
                      "issued_at": log.issued_at, "ready_at": list(ready_at),
+                     "ready_order": list(ready_order),
                      "grads": torch.cat([q.grad.detach().reshape(-1) for q in trainable])})
         opt.step()
     return {"buckets": buckets, "steps": seen, "trainable": len(trainable),

@@ -21,6 +21,7 @@ class MiniDDP(nn.Module):
         self.buckets = self._bucket(self._params(module), bucket_cap_mb * 1024 * 1024)
         self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
         self._ready, self._works, self._queued = [0] * len(self.buckets), [], False
+        self._next = 0  # the bucket whose all-reduce goes next (they go in bucket order)
         for p in module.parameters():
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(self._grad_ready)
@@ -45,10 +46,11 @@ class MiniDDP(nn.Module):
         if not self._queued:
             torch.autograd.Variable._execution_engine.queue_callback(self._finish)
             self._queued = True
-        i = self._bucket_of[id(p)]
-        self._ready[i] += 1
-        if self._ready[i] == len(self.buckets[i]):
-            self._launch(i)
+        self._ready[self._bucket_of[id(p)]] += 1
+        while self._next < len(self.buckets) and \
+                self._ready[self._next] == len(self.buckets[self._next]):
+            self._launch(self._next)
+            self._next += 1
 
     def _launch(self, i):
         flat = torch.cat([q.grad.reshape(-1) for q in self.buckets[i]])
@@ -69,6 +71,20 @@ class MiniDDP(nn.Module):
 
     def _reset(self):
         self._works, self._ready, self._queued = [], [0] * len(self.buckets), False
+        self._next = 0
+
+
+class LaunchedWhenFull(MiniDDP):
+    """Launches each bucket as soon as it is full, out of bucket order when it fills early."""
+
+    def _grad_ready(self, p):
+        if not self._queued:
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            self._queued = True
+        i = self._bucket_of[id(p)]
+        self._ready[i] += 1
+        if self._ready[i] == len(self.buckets[i]):
+            self._launch(i)
 
 
 class OneAllReducePerParameter(MiniDDP):
@@ -105,7 +121,7 @@ class NeverResets(MiniDDP):
     """Never resets its per-bucket counts: only the first backward all-reduces anything."""
 
     def _reset(self):
-        self._works, self._queued = [], False
+        self._works, self._queued, self._next = [], False, 0
 
 
 class ForwardOrder(MiniDDP):
@@ -141,10 +157,8 @@ class CallbackOnce(MiniDDP):
         if not getattr(self, "_ever_queued", False):
             torch.autograd.Variable._execution_engine.queue_callback(self._finish)
             self._ever_queued = True
-        i = self._bucket_of[id(p)]
-        self._ready[i] += 1
-        if self._ready[i] == len(self.buckets[i]):
-            self._launch(i)
+        self._queued = True  # (so the step below never queues it again)
+        MiniDDP._grad_ready(self, p)
 
 
 @pytest.mark.parametrize("answer, phrase", [
@@ -189,6 +203,13 @@ class ClosesOnlyPastTheCap(MiniDDP):
 def test_closing_only_past_the_cap_fails_on_a_hidden_case():
     v = assert_rejected(EX, ClosesOnlyPastTheCap, "(the last layer's size exactly)")
     assert v.message.startswith("hidden check 2/2") and "MiniDDP.buckets is" in v.message
+
+
+def test_launching_a_bucket_before_an_earlier_one_fails_on_a_hidden_case():
+    v = assert_rejected(EX, LaunchedWhenFull, "DDP launches buckets in bucket order")
+    assert v.message.startswith("hidden check 2/2") and "Crossed(24) on 2 ranks" in v.message
+    assert ("issued its all-reduce number 1 while bucket 0 (out.bias, out.weight, early.bias, "
+            "early.weight) still waited for early.bias, early.weight") in v.message, v.message
 
 
 def test_bucketing_frozen_parameters_fails_on_a_hidden_case():

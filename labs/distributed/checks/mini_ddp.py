@@ -22,7 +22,7 @@ from torch import nn
 
 from grader.checks import CheckFailure, check
 from labs.distributed import probes
-from labs.distributed.models import mlp
+from labs.distributed.models import Crossed, mlp
 from labs.distributed.probes import describe
 
 EXERCISE = "distributed.mini-ddp"
@@ -56,15 +56,34 @@ def _blocked(rank: dict) -> bool:
     return min((t for t in step["ready_at"] if t > first), default=first) - first > LATE / 2
 
 
-def _compare(MiniDDP, model: nn.Module, cap: float, p: int, g: torch.Generator, what: str,
-             late: bool = False):
-    x = torch.randn(12, model[0].in_features, generator=g)
-    y = torch.randn(12, model[-1].out_features, generator=g)
+def _mlp_spec(model: nn.Sequential) -> dict:
+    """The plain spec (``labs.distributed.models.build``) of an :func:`mlp`, frozen layers too."""
     widths = [model[0].in_features] + [model[2 * i].out_features
                                        for i in range(len(model) // 2 + 1)]
-    spec = {"kind": "mlp", "widths": widths, "state": dict(model.state_dict()),
+    return {"kind": "mlp", "widths": widths, "state": dict(model.state_dict()),
             "frozen": [i for i in range(len(widths) - 1)
                        if not all(q.requires_grad for q in model[2 * i].parameters())]}
+
+
+def out_of_order(buckets: list[list[str]], ready_order: list[str], at_issue: list[int]
+                 ) -> tuple[int, list[str]] | None:
+    """The first all-reduce (index, and its bucket's parameters not yet ready) issued before its
+    bucket was complete, taking the k-th all-reduce of a backward to be bucket k: DDP launches
+    buckets in bucket order (``Reducer::mark_bucket_ready``). ``at_issue[k]`` gradients (and
+    possibly the one whose hook issued it) were ready then, in ``ready_order``; None when every
+    bucket was complete when its turn came."""
+    for k, (bucket, ready) in enumerate(zip(buckets, at_issue)):
+        missing = [name for name in bucket if name not in ready_order[:ready + 1]]
+        if missing:
+            return k, missing
+    return None
+
+
+def _compare(MiniDDP, model: nn.Module, spec: dict, cap: float, p: int, g: torch.Generator,
+             what: str, late: bool = False):
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    x = torch.randn(12, linears[0].in_features, generator=g)
+    y = torch.randn(12, linears[-1].out_features, generator=g)
     seen = MiniDDP.probe(probes.mini_ddp, spec, cap, p, x, y, STEPS, LR, LATE if late else 0.0)
     results = probes.ranks_of(seen)
     if any(r.get("wraps_ddp") for r in results):
@@ -106,6 +125,15 @@ def _compare(MiniDDP, model: nn.Module, cap: float, p: int, g: torch.Generator, 
                 f"than rank 0{' (backward 1 was right)' if i else ''}: every rank must end "
                 "each backward with the same averaged .grad. Does your end-of-backward work "
                 "run at every backward?")
+        if early := out_of_order(want_buckets, step["ready_order"], step["at_issue"]):
+            k, missing = early
+            raise CheckFailure(
+                f"for {what}, backward {i + 1} issued its all-reduce number {k + 1} while "
+                f"bucket {k} ({', '.join(want_buckets[k])}) still waited for "
+                f"{', '.join(missing)}: DDP launches buckets in bucket order "
+                "(Reducer::mark_bucket_ready), so a bucket that is complete before an earlier "
+                "one waits for it, and both go when the earlier one is complete. Gradients here "
+                f"were ready in the order {', '.join(step['ready_order'])}.")
         if step["at_issue"] and step["at_issue"][0] >= mine["trainable"]:
             raise CheckFailure(
                 f"for {what}, backward {i + 1} issued its first all-reduce after all "
@@ -129,22 +157,28 @@ def _compare(MiniDDP, model: nn.Module, cap: float, p: int, g: torch.Generator, 
 def two_ranks(MiniDDP, ctx):
     """2 ranks, an MLP in 2 buckets: buckets, one all-reduce each, overlap, SGD as one process"""
     g = torch.Generator().manual_seed(ctx.seed)
-    _compare(MiniDDP, mlp([16, 32, 32, 4], g), 0.004, 2, g,
+    model = mlp([16, 32, 32, 4], g)
+    _compare(MiniDDP, model, _mlp_spec(model), 0.004, 2, g,
              "Sequential(16 -> 32 -> 32 -> 4) on 2 ranks, bucket_cap_mb=0.004", late=True)
 
 
 @check(EXERCISE, hidden=True)
 def three_ranks_and_a_frozen_layer(MiniDDP, ctx):
-    """3 ranks, seeded widths and caps, a frozen layer"""
+    """3 ranks, seeded widths and caps, a frozen layer, layers run out of their defined order"""
     g = torch.Generator().manual_seed(ctx.seed)
     widths = [int(w) for w in torch.randint(12, 40, (5,), generator=g)]
     model = mlp(widths, g)
     cap = float(torch.empty(()).uniform_(0.002, 0.006, generator=g))
-    _compare(MiniDDP, model, cap, 3, g, f"a seeded MLP {widths} on 3 ranks, "
+    _compare(MiniDDP, model, _mlp_spec(model), cap, 3, g, f"a seeded MLP {widths} on 3 ranks, "
              f"bucket_cap_mb={cap:.4f}")
     exact = (widths[-2] + 1) * widths[-1] * 4 / MIB  # (a power of 2 apart: exact in a float)
-    _compare(MiniDDP, model, exact, 2, g, f"the MLP {widths} on 2 ranks, bucket_cap_mb={exact} "
-             "(the last layer's size exactly)")
+    _compare(MiniDDP, model, _mlp_spec(model), exact, 2, g, f"the MLP {widths} on 2 ranks, "
+             f"bucket_cap_mb={exact} (the last layer's size exactly)")
     model[2].requires_grad_(False)
-    _compare(MiniDDP, model, cap, 2, g, f"the MLP {widths} with layer 1 frozen on 2 ranks, "
-             f"bucket_cap_mb={cap:.4f}")
+    _compare(MiniDDP, model, _mlp_spec(model), cap, 2, g, f"the MLP {widths} with layer 1 "
+             f"frozen on 2 ranks, bucket_cap_mb={cap:.4f}")
+    crossed = Crossed(24, g)  # one layer a bucket; late's fills before early's
+    _compare(MiniDDP, crossed, {"kind": "crossed", "width": 24,
+                                "state": dict(crossed.state_dict())}, 0.002, 2, g,
+             "Crossed(24) on 2 ranks (layers defined inp, late, early, out and run inp, early, "
+             "late, out), bucket_cap_mb=0.002")

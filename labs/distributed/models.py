@@ -64,10 +64,34 @@ class Crossed(nn.Module):
         return x
 
 
+class Reused(nn.Module):
+    """One layer run twice: ``inp``, ``mid``, ``out`` (``nn.Linear``: ``width`` -> ``width``, the
+    last to 3) run as ``inp``, ``mid``, ``inp``, ``out``. ``inp``'s gradient is ready only once
+    both of its uses have been back-propagated (autograd sums them before its ``AccumulateGrad``
+    runs), so it comes after ``mid``'s, not between ``out``'s and ``mid``'s. Weights drawn from
+    ``generator`` (``N(0, 0.1**2)``)."""
+
+    def __init__(self, width: int, generator: torch.Generator):
+        super().__init__()
+        self.inp = nn.Linear(width, width)
+        self.mid = nn.Linear(width, width)
+        self.out = nn.Linear(width, 3)
+        self.order = ["inp", "mid", "inp", "out"]
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for name in self.order:
+            x = torch.tanh(getattr(self, name)(x))
+        return x
+
+
 def build(spec: dict) -> nn.Module:
     """A model from a plain ``spec``, the same in the probe and in the judge:
     ``{"kind": "mlp", "widths": [...]}`` (:func:`mlp`), ``{"kind": "crossed", "width": w}``
-    (:class:`Crossed`) or ``{"kind": "stack", "widths": [...], "out": n}`` (:class:`Stack`);
+    (:class:`Crossed`), ``{"kind": "reused", "width": w}`` (:class:`Reused`) or
+    ``{"kind": "stack", "widths": [...], "out": n}`` (:class:`Stack`);
     weights from ``spec["state"]`` (a state dict) when given, else drawn from ``spec["seed"]``;
     ``spec["frozen"]`` lists the layers (``mlp``: ``model[2 * i]``; ``stack``:
     ``model.layers[i]``) set to ``requires_grad_(False)``."""
@@ -77,6 +101,8 @@ def build(spec: dict) -> nn.Module:
         model: nn.Module = mlp(list(spec["widths"]), g)
     elif kind == "crossed":
         model = Crossed(int(spec["width"]), g)
+    elif kind == "reused":
+        model = Reused(int(spec["width"]), g)
     elif kind == "stack":
         model = Stack(list(spec["widths"]), int(spec["out"]))
     else:

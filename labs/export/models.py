@@ -130,7 +130,8 @@ class Block(nn.Module):
 
 class Stack(nn.Module):
     """A root buffer ``steps`` (forward adds 1), ``blocks`` of :class:`Block`, a root constant
-    ``bias`` read after the blocks, and a Linear ``out``."""
+    ``bias`` read after the blocks, a Linear ``out``, and a tensor attribute ``spare`` that
+    forward never reads (export lifts only the constants forward reads)."""
 
     def __init__(self, width: int, counted: list[bool], g: torch.Generator):
         super().__init__()
@@ -138,6 +139,7 @@ class Stack(nn.Module):
         self.blocks = nn.ModuleList(Block(width, g, c) for c in counted)
         self.bias = torch.randn(width, generator=g)
         self.out = nn.Linear(width, 2)
+        self.spare = torch.randn(width, generator=g)
 
     def forward(self, x):
         self.steps.add_(1)

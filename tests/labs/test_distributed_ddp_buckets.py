@@ -24,6 +24,17 @@ def flawed(flaw):
             h.remove()
         if flaw == "reverse registration order":  # (what DDP starts from, not what it rebuilds)
             ready = [n for n, _ in reversed(params)]
+        if flaw == "reverse of the forward calls":  # (right until a module runs twice)
+            called = []
+            hooks = [m.register_forward_hook(lambda m, i, o: called.append(m))
+                     for m in model.modules() if not list(m.children())]
+            model(sample)
+            for h in hooks:
+                h.remove()
+            owner = {id(p): n for n, p in params}
+            ready = list(dict.fromkeys(owner[id(p)] for m in reversed(called)
+                                       for p in reversed(list(m.parameters(recurse=False)))
+                                       if id(p) in owner))
         cap = 25 * MiB if bucket_cap_mb is None else int(bucket_cap_mb * MiB)
         caps = [MiB if bucket_cap_mb is None and flaw != "no 1 MiB first bucket" else cap, cap]
         size = {n: p.numel() * p.element_size() for n, p in params}
@@ -66,6 +77,12 @@ def flawed(flaw):
 def test_wrong_answers_fail(flaw, phrase):
     v = assert_rejected(EX, flawed(flaw), phrase)
     assert v.message.startswith("check 1/2"), v.message
+
+
+def test_ready_order_as_the_reverse_of_the_forward_calls_fails_on_a_layer_run_twice():
+    v = assert_rejected(EX, flawed("reverse of the forward calls"), "Reused(40)")
+    assert v.message.startswith("hidden check 2/2"), v.message
+    assert "after DDP rebuilt its buckets (iteration 2 on): you predicted" in v.message
 
 
 @pytest.mark.parametrize("flaw, phrase", [

@@ -1,6 +1,8 @@
 """distributed.fsdp-memory: plausible wrong memory models fail, called directly through
 run_checks. Each is the reference answer with one quantity computed wrongly. The reference and
 the stub are tested for every exercise in test_exercise_contract.py."""
+import math
+
 import pytest
 
 from tests.conftest import assert_rejected, load_answer
@@ -31,6 +33,13 @@ def flawed(ref, flaw):
             out["params"] = [_full(model) // p] * p
         if flaw == "no Adam step tensors":
             out["optim"] = [2 * g for g in out["grads"]]
+        if flaw == "no floor at zero":  # (negative where torch.chunk runs out of rows first)
+            def rows_of(q, rank):
+                per = math.ceil(q.shape[0] / p)
+                mine = min(per, q.shape[0] - rank * per)
+                return mine * (q.numel() // q.shape[0]) * q.element_size()
+
+            out["params"] = [sum(rows_of(q, r) for q in model.parameters()) for r in range(p)]
         if flaw == "every layer gathered at the peak":
             every = _full(model.head) + sum(_full(layer) for layer in model.layers)
             out["peak_forward"] = [s + every for s in out["params"]]
@@ -52,6 +61,18 @@ CALL = "for Stack([16, 40, 24, 30], out=3), fsdp_memory(model, 4, reshard_after_
 def test_flawed_memory_models_fail(ref, flaw, phrase):
     v = assert_rejected(EX, flawed(ref, flaw), phrase)
     assert "; measured on 4 real ranks it is [" in v.message, v.message
+
+
+def test_shards_without_a_floor_at_zero_fail_where_torch_chunk_runs_out_first(ref):
+    from labs.distributed.checks.fsdp_memory import _hidden
+
+    # a seed whose seeded Stack has out > 1: only the fixed case has fewer rows than ranks
+    seed = next(s for s in range(50) if _hidden(s)[0][0]["out"] > 1)
+    v = assert_rejected(EX, flawed(ref, "no floor at zero"),
+                        "for Stack([12, 5, 20], out=1) (fewer rows than ranks in places)",
+                        seed=seed)
+    assert v.message.startswith("hidden check 2/2") and "None)['params'] is [" in v.message
+    assert "-" in v.message.split("['params'] is [", 1)[1].split("]", 1)[0], v.message
 
 
 def test_counting_frozen_parameters_fails_on_a_hidden_case(ref):

@@ -48,6 +48,8 @@ def flawed(flaw):
         kept = {n for n in buffers if n not in twin.state_dict()}  # (non-persistent)
         state_inputs = [("CONSTANT_TENSOR" if flaw == "non-persistent as constants" and n in kept
                          else "BUFFER", n) for n in buffers]
+        if flaw == "every tensor attribute a constant":  # (export lifts what forward reads)
+            used += [n for n in attrs.values() if n not in used]
         state_inputs += [("CONSTANT_TENSOR", n) for n in used]
         if flaw == "constants first":
             state_inputs = state_inputs[::-1]
@@ -90,6 +92,7 @@ def test_wrong_answers_fail(flaw, phrase):
      ("in train mode, outputs[0]: the exported program has ('BUFFER_MUTATION', "
       "'1.running_mean'); you predicted ('BUFFER_MUTATION', '1.num_batches_tracked')")),
     ("deduplicated", "the exported program has ('PARAMETER', 'head.weight')"),
+    ("every tensor attribute a constant", "('CONSTANT_TENSOR', 'spare')"),
 ])
 def test_wrong_answers_fail_on_hidden_cases(flaw, phrase):
     v = assert_rejected(EX, flawed(flaw), phrase)

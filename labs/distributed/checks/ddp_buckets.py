@@ -22,7 +22,7 @@ from torch import nn
 from grader.checks import CheckFailure, ahead, check
 from labs.distributed import probes
 from labs.distributed.checks._oracles import oracle
-from labs.distributed.models import Crossed, build, mlp
+from labs.distributed.models import Crossed, Reused, build, mlp
 
 EXERCISE = "distributed.ddp-buckets"
 MIB = 1024 * 1024
@@ -96,7 +96,7 @@ def _public(seed: int) -> list[tuple[dict, torch.Tensor, float | None, str]]:
 
 def _hidden(seed: int) -> list[tuple[dict, torch.Tensor, float | None, str]]:
     """(model spec, sample, bucket_cap_mb, what) of the hidden check's cases: seeded MLPs and
-    caps, a frozen layer, a cap met exactly, the default cap."""
+    caps, a frozen layer, a cap met exactly, the default cap, a layer run twice."""
     g = torch.Generator().manual_seed(seed)
     widths = [int(w) for w in torch.randint(8, 80, (5,), generator=g)]
     cap = float(torch.empty(()).uniform_(0.005, 0.03, generator=g))
@@ -111,6 +111,9 @@ def _hidden(seed: int) -> list[tuple[dict, torch.Tensor, float | None, str]]:
          f"the MLP {widths}, bucket_cap_mb={exact} (the last layer exactly)", exact, widths[0]),
         (_spec(mlp(big, g), kind="mlp", widths=big),
          "an MLP of 3.1 MB with the default bucket_cap_mb (None)", None, 600),
+        (_spec(Reused(40, g), kind="reused", width=40),
+         "Reused(40): layers inp, mid, out run inp, mid, inp, out; bucket_cap_mb=0.005",
+         0.005, 40),
     ]
     return [(model, torch.randn(2, width, generator=g), cap, what)
             for model, what, cap, width in cases]
@@ -131,6 +134,7 @@ def small_mlp(predict_buckets, ctx):
 
 @check(EXERCISE, hidden=True)
 def seeded_models(predict_buckets, ctx):
-    """DDP's buckets of seeded MLPs and caps, a frozen layer, a cap met exactly, the default cap"""
+    """DDP's buckets of seeded MLPs and caps, a frozen layer, a cap met exactly, the default cap,
+    a layer run twice"""
     for spec, sample, cap, what in _hidden(ctx.seed):
         _compare(predict_buckets, spec, sample, cap, what)

@@ -116,8 +116,11 @@ def _hidden(seed: int) -> list[tuple[dict, int, str]]:
     widths = [int(w) for w in torch.randint(5, 50, (5,), generator=g)]
     out = int(torch.randint(1, 4, (1,), generator=g))
     spec = {"kind": "stack", "widths": widths, "out": out, "seed": seed}
+    few = {"kind": "stack", "widths": [12, 5, 20], "out": 1, "seed": seed}
     return [(spec, 3, f"Stack({widths}, out={out})"),
-            (spec | {"frozen": [1]}, 2, f"Stack({widths}, out={out}) with layers[1] frozen")]
+            (spec | {"frozen": [1]}, 2, f"Stack({widths}, out={out}) with layers[1] frozen"),
+            # torch.chunk gives 5 rows to 4 ranks as 2, 2, 1, 0 and 1 row as 1, 0, 0, 0
+            (few, 4, "Stack([12, 5, 20], out=1) (fewer rows than ranks in places)")]
 
 
 @ahead("distributed")
@@ -135,6 +138,6 @@ def four_ranks(fsdp_memory, ctx):
 
 @check(EXERCISE, hidden=True)
 def seeded_stacks(fsdp_memory, ctx):
-    """bytes per rank on 2 and 3 ranks, seeded widths, a frozen layer"""
+    """bytes per rank on 2, 3 and 4 ranks: seeded widths, a frozen layer, fewer rows than ranks"""
     for spec, world_size, what in _hidden(ctx.seed):
         _compare(fsdp_memory, spec, world_size, what)

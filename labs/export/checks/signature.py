@@ -14,7 +14,7 @@ its own copy of the model; the answer runs in the kernel (the probe
 export entry points (``torch.export.export`` and ``draft_export`` through
 ``torch.export._trace._export``, ``torch._dynamo.export``) raise and calling one is reported.
 Public: ``models.Counter``. Hidden (seeded sizes and choices): nested blocks with non-persistent
-buffers and constants, BatchNorm1d in train mode, a tied weight, user inputs mutated in place and
+buffers and constants (and a tensor attribute forward never reads), BatchNorm1d in train mode, a tied weight, user inputs mutated in place and
 several outputs. (torch/export/graph_signature.py: ExportGraphSignature, InputSpec, OutputSpec;
 torch/export/exported_program.py: _decompose_and_get_gm_with_new_signature_constants, which
 retraces ``ep.module()`` (torch/export/_unlift.py: _unlift_exported_program_lifted_states).)"""
@@ -176,8 +176,8 @@ def nested_batchnorm_tied(predict_signature, ctx):
     compare(predict_signature, [
         (["stack", width, counted, batch, seed],
          (f"Stack(width {width}) of {len(counted)} blocks (each: Linear, non-persistent "
-          f"buffer gain, constant shift{counting}), a root buffer steps and a root constant "
-          "bias")),
+          f"buffer gain, constant shift{counting}), a root buffer steps, a root constant "
+          "bias and a tensor attribute spare that forward never reads")),
         (["batchnorm", width, hidden, batch, seed],
          (f"Sequential(Linear({width}, {hidden}), BatchNorm1d({hidden}), ReLU, "
           f"Linear({hidden}, 2)) in train mode")),

@@ -55,6 +55,9 @@ GRACE = 1.0
 TIMEOUT = 15.0
 #: the most a busy machine stretches a time limit (:func:`allowed`)
 MOST_STRETCH = 4.0
+#: seconds (stretched by :func:`allowed`) every rank has to join the process group after the
+#: fork (about 0.1 s here) before the world is started again
+JOIN = 5.0
 PR_SET_PDEATHSIG = 1  # (linux/prctl.h)
 #: held while a world runs: one at a time per process. A judge's oracle worlds run in a thread
 #: of the grader's own, beside the kernel's worlds (another process); where both are one process
@@ -62,7 +65,7 @@ PR_SET_PDEATHSIG = 1  # (linux/prctl.h)
 _ONE_WORLD = threading.Lock()
 #: new worlds started when a rank fails before it has joined the process group (gloo's
 #: connectFullMesh, on a busy machine: "Connection closed by peer"); its output is not echoed
-RENDEZVOUS_RETRIES = 1
+RENDEZVOUS_RETRIES = 2
 #: how gloo says that the rank at the other end of a connection has gone
 _LOST_PEER = re.compile(r"(Read|Write) error \[[^\]]*\]:\d+: Connection (reset|closed) by peer"
                         r"|Connection closed by peer \[[^\]]*\]:\d+")
@@ -89,7 +92,10 @@ def run(fn, world_size: int, *args, timeout: float = TIMEOUT, backend: str = "gl
     a rank that waits for a message no one sends is reported with the line it waits at, not
     with gloo's timeout error. ``echo`` prints what the ranks printed, ``[rank r]`` before each
     line. A world in which a rank fails before it has joined the process group is started again
-    once (``RENDEZVOUS_RETRIES``). Raises :class:`RankFailure` (naming the rank) when a rank
+    once (``RENDEZVOUS_RETRIES``), and so is one in which a rank has not joined it
+    :data:`JOIN` seconds (stretched) after the fork: a fork made while another thread of this
+    process held a lock inside torch (its thread pools, MKL) leaves the rank waiting on that lock
+    forever, before it has run anything of the answer (seen under load). Raises :class:`RankFailure` (naming the rank) when a rank
     raises, exits before returning, or is still running after ``timeout``; ``CheckFailure``
     when a process group is already initialized in this process (a ``dist.init_process_group``
     outside a rank, which forked ranks would inherit; it is destroyed first). Linux and macOS
@@ -133,7 +139,7 @@ def _run(fn, world_size: int, args: tuple, timeout: float, backend: str, echo: b
                 for rank in range(world_size):
                     ranks.append(_Rank(context, rank, world_size, folder, backend, timeout,
                                        fn, args))
-            _wait(ranks, time.monotonic() + timeout)
+            _wait(ranks, time.monotonic() + timeout, time.monotonic() + allowed(JOIN))
             failed = [r for r in ranks if r.failure]
             # gloo could not connect the ranks (seen on a machine busy with other work): not
             # the answer's doing, as no rank had joined to run it; start a new world instead
@@ -161,6 +167,7 @@ class _Rank:
     def __init__(self, context, rank, world_size, folder, backend, timeout, fn, args):
         self.rank, self.value, self.failure, self.done, self.order = rank, None, None, False, 0
         self.log, self.stack = folder / f"rank{rank}.log", folder / f"rank{rank}.stack"
+        self.joined = folder / f"rank{rank}.joined"  # (written once it has joined the group)
         self.conn, child_end = context.Pipe(duplex=False)
         self.process = context.Process(
             target=_rank_main, name=f"rank {rank}", daemon=True,
@@ -217,21 +224,28 @@ class _Rank:
         return ""
 
 
-def _wait(ranks: list[_Rank], deadline: float) -> None:
-    """Collect the ranks' reports until all are in, one failed (then GRACE more seconds), or the
-    deadline passed (then the ranks still running dump their stacks)."""
+def _wait(ranks: list[_Rank], deadline: float, join_by: float) -> None:
+    """Collect the ranks' reports until all are in, one failed (then GRACE more seconds), the
+    deadline passed, or ``join_by`` passed with a rank that has not joined the process group
+    (then the ranks still running dump their stacks; one that never joined is marked
+    ``rendezvous``, so that the world is started again)."""
+    def unjoined() -> list[_Rank]:
+        return [r for r in ranks if not r.done and not r.joined.exists()]
+
     while not all(r.done for r in ranks):
         now = time.monotonic()
-        if now >= deadline:
+        if now >= deadline or (now >= join_by and unjoined()):
             break
+        wake = deadline if now >= join_by else min(deadline, join_by)
         ready = multiprocessing.connection.wait([r.conn for r in ranks if not r.done],
-                                                deadline - now)
+                                                wake - now)
         for r in ranks:
             if r.conn in ready:
                 r.receive()
                 r.order = sum(s.done for s in ranks)
         if any(r.failure for r in ranks):
             deadline = min(deadline, time.monotonic() + GRACE)
+    never_joined = unjoined()
     hung = [r for r in ranks if not r.done and r.process.exitcode is None]
     for r in hung:
         with contextlib.suppress(OSError):
@@ -241,7 +255,7 @@ def _wait(ranks: list[_Rank], deadline: float) -> None:
         time.sleep(0.05)
     for r in ranks:
         if not r.done:
-            r.failure = {"what": "hung", "where": r.where()}
+            r.failure = {"what": "hung", "where": r.where(), "rendezvous": r in never_joined}
 
 
 #: gloo's abort when a message does not fit its receive buffer (``gloo/transport/tcp/pair.cc``)
@@ -315,6 +329,7 @@ def _rank_main(rank, world_size, folder, backend, timeout, fn, args, conn) -> No
                                 rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout + 60))
         joined = True
+        (folder / f"rank{rank}.joined").touch()
         try:
             value = fn(*args)
         finally:

@@ -85,7 +85,7 @@ def ring_schedule(world_size: int) -> list[dict]:
     whatever ``p``: the bandwidth-optimal all-reduce. Raises ValueError below 2 ranks.
 
     Models the ring algorithm of gloo (``third_party/gloo/gloo/allreduce.cc: ring``, which
-    ``torch/csrc/distributed/c10d/ProcessGroupGloo.cpp: AsyncAllreduceWork`` calls) and of
+    ``torch/csrc/distributed/c10d/ProcessGroupGlooDetail.hpp: AsyncAllreduceWork`` calls) and of
     NCCL's ``NCCL_ALGO=Ring``."""
     p = int(world_size)
     if p < 2:

@@ -109,6 +109,26 @@ def _(x, weight, bias):
 
 
 # ----------------------------------------------------------------------------- the checks' models
+class Head(nn.Module):
+    """``softmax(out(gelu(norm(inp([x, 1])))), dim=-1)`` for ``x`` of shape ``(batch, d)``:
+    ops beyond Linear and ReLU, and a column of ones as tall as the batch
+    (``x.new_ones(x.shape[0], 1)``): a shape op that names the batch, so that a program exported
+    for one batch holds that batch as a constant. Weights drawn from ``generator``."""
+
+    def __init__(self, d: int, hidden: int, k: int, generator: torch.Generator):
+        super().__init__()
+        self.inp = nn.Linear(d + 1, hidden)
+        self.norm = nn.LayerNorm(hidden)
+        self.out = nn.Linear(hidden, k)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.3 + (p.dim() == 1) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([x, x.new_ones(x.shape[0], 1)], dim=1)
+        return torch.softmax(self.out(nn.functional.gelu(self.norm(self.inp(x)))), dim=-1)
+
+
 class Block(nn.Module):
     """``tanh(lin(x) * gain + shift)``: a Linear, a non-persistent buffer ``gain``, a constant
     ``shift`` and, when ``counted``, a persistent int64 buffer ``seen`` that forward adds 1 to."""

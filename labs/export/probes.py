@@ -502,29 +502,15 @@ def _refusing(called: list, what: str):
 # ------------------------------------------------------------------------ export.onnx-parity
 def onnx_model(spec: list):
     """The onnx-parity model of ``spec``: ``["mlp", widths]`` (``models.mlp``) or ``["head", d,
-    hidden, k]`` (``softmax(out(gelu(norm(inp(x)))), dim=-1)``); weights from torch's RNG (load
-    a state dict)."""
+    hidden, k]`` (``models.Head``); load a state dict for its weights."""
     import torch
-    from torch import nn
 
     from labs.export import models
 
     if spec[0] == "mlp":
         return models.mlp(list(spec[1]), torch.Generator())
     if spec[0] == "head":
-        d, hidden, k = spec[1], spec[2], spec[3]
-
-        class Head(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.inp = nn.Linear(d, hidden)
-                self.norm = nn.LayerNorm(hidden)
-                self.out = nn.Linear(hidden, k)
-
-            def forward(self, x):
-                return torch.softmax(self.out(nn.functional.gelu(self.norm(self.inp(x)))), dim=-1)
-
-        return Head()
+        return models.Head(spec[1], spec[2], spec[3], torch.Generator())
     raise ValueError(f"no onnx-parity model {spec[0]!r}")
 
 
@@ -625,6 +611,36 @@ def _checked_inputs():
             os.environ[CHECK_INPUTS] = old
 
 
+@contextlib.contextmanager
+def _batch_ranges(found: list):
+    """Record in ``found``, for each program exported in the body (every export reaches
+    ``torch.export._trace._export``), the range its ``range_constraints`` give dim 0 of its
+    first user input: ``[lower, upper]`` (ints; ``upper`` None when unbounded), the size twice
+    when that dim is static."""
+    import torch.export._trace as trace
+
+    real = trace._export
+
+    def recording(*args, **kwargs):
+        ep = real(*args, **kwargs)
+        user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+        node = next(n for n in ep.graph.nodes if n.op == "placeholder" and n.name in user[:1])
+        size = node.meta["val"].shape[0]
+        if isinstance(size, int):
+            found.append([size, size])
+        else:
+            bounds = ep.range_constraints[size.node.expr]
+            upper = bounds.upper
+            found.append([int(bounds.lower), int(upper) if upper.is_finite else None])
+        return ep
+
+    trace._export = recording
+    try:
+        yield
+    finally:
+        trace._export = real
+
+
 @probe
 def aoti_runs(package_aoti, widths: list, state: dict, example, xs: list) -> dict:
     """``package_aoti(models.mlp(widths) with state, example, path)`` (``path`` a ``model.pt2``
@@ -635,8 +651,9 @@ def aoti_runs(package_aoti, widths: list, state: dict, example, xs: list) -> dic
     "abs": whether that path is absolute, "file": whether it is a file, "folder": the names in
     the temporary folder, "zip": whether the file is a zip archive, "aoti": whether it holds
     anything under data/aotinductor/, "load": _error of what loading raised, or None,
-    "outputs": [a tensor, {"type"} or {"error": _error}, per x]}`` (as far as it got; the
-    answer's own exceptions propagate)."""
+    "outputs": [a tensor, {"type"} or {"error": _error}, per x], "ranges": the batch range of
+    each program the answer exported (:func:`_batch_ranges`)}`` (as far as it got; the answer's
+    own exceptions propagate)."""
     import os
     import tempfile
     import zipfile
@@ -649,10 +666,11 @@ def aoti_runs(package_aoti, widths: list, state: dict, example, xs: list) -> dic
 
     model = _load(models.mlp(list(widths), torch.Generator()), state)
     out = {"returned": None, "abs": False, "file": False, "folder": [], "zip": False,
-           "aoti": False, "load": None, "outputs": []}
+           "aoti": False, "load": None, "outputs": [], "ranges": []}
     with tempfile.TemporaryDirectory(prefix="aoti_") as folder:
         path = os.path.join(folder, "model.pt2")
-        with quiet(*_COMPILERS), inductor_config.patch({"aot_inductor.check_lowerbound": False}):
+        with quiet(*_COMPILERS), inductor_config.patch({"aot_inductor.check_lowerbound": False}), \
+                _batch_ranges(out["ranges"]):
             got = package_aoti(model, example.clone(), path)
         is_path = isinstance(got, (str, os.PathLike))
         got_path = os.fspath(got) if is_path else None

@@ -196,6 +196,24 @@ def test_a_busy_machine_stretches_a_time_limit_by_its_load_per_cpu(monkeypatch):
         assert launch.allowed(10.0) == pytest.approx(10.0 * stretch)
 
 
+def test_a_rank_that_never_joins_the_group_starts_the_world_again(tmp_path, monkeypatch, calm):
+    """A fork that inherited a lock another thread of the parent held hangs before joining the
+    process group: after launch.JOIN seconds the world is started again, and that one works."""
+    real, first = dist.init_process_group, tmp_path / "first"
+
+    def stuck_once(*args, **kwargs):
+        if kwargs.get("rank") == 1 and not first.exists():
+            first.touch()
+            time.sleep(60)  # (as if waiting on a lock no thread of this process will release)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "init_process_group", stuck_once)
+    monkeypatch.setattr(launch, "JOIN", 1.0)
+    start = time.monotonic()
+    assert [r["rank"] for r in run(_sum_and_env, 2, 1, timeout=20, echo=False)] == [0, 1]
+    assert first.exists() and 1.0 <= time.monotonic() - start < 10
+
+
 def test_ranks_that_hang_are_stopped_and_named_with_where_they_were(calm):
     start = time.monotonic()
     with pytest.raises(RankFailure) as info:

@@ -54,6 +54,18 @@ def test_wrong_answers_fail(answer, phrase):
     assert v.message.startswith("check 1/2"), v.message
 
 
+def from_two(model, example, path):
+    """Declares the batch from 2 (Inductor's own lower bound) up: the package runs batch 1 only
+    because the grader compiles with the lower-bound check off."""
+    ep = export(model, (example,), dynamic_shapes=({0: Dim("batch", min=2, max=64)},))
+    return torch._inductor.aoti_compile_and_package(ep, package_path=path)
+
+
+def test_a_program_declared_from_batch_two_fails_its_declared_range():
+    v = assert_rejected(EX, from_two, "declares dim 0 (the batch) in [2, 64]")
+    assert v.message.startswith("hidden check 2/2"), v.message
+
+
 def test_judge_never_loads_a_package():
     """A package is native code the learner's kernel built: only the probe loads and runs it."""
     from pathlib import Path

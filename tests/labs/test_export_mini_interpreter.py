@@ -32,6 +32,10 @@ def flawed(flaw):
             inputs[spec.arg.name] = env[node]
 
         def value(arg):
+            if flaw == "top-level Nodes only":
+                seq = [env[a] if isinstance(a, torch.fx.Node) else a for a in arg] \
+                    if isinstance(arg, (list, tuple)) else arg
+                return type(arg)(seq) if isinstance(arg, tuple) else seq
             return torch.fx.node.map_arg(arg, env.__getitem__)
 
         for node in ep.graph.nodes:
@@ -74,6 +78,12 @@ def test_matching_placeholders_by_name_fails_on_a_hidden_case():
     v = assert_rejected(EX, flawed("matched by name"), "your answer raised KeyError: 'input_1'")
     assert "The placeholder 'input_1' is the input spec named 'input'" in v.message, v.message
     assert v.message.startswith("hidden check 2/2 'BatchNorm1d in train mode"), v.message
+
+
+def test_nodes_left_inside_a_list_argument_are_explained():
+    v = assert_rejected(EX, flawed("top-level Nodes only"), "immutable_list")
+    assert v.message.startswith("hidden check 2/2"), v.message
+    assert "Replace the Nodes inside them by their values as well" in v.message, v.message
 
 
 def test_buffers_and_inputs_compare_within_the_dtypes_tolerance_not_bit_for_bit():

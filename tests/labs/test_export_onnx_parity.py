@@ -34,6 +34,24 @@ def exported_program_saved(model, example, path):
     torch.export.save(ep, path)
 
 
+def dim_param_written_in(model, example, path):
+    """Exports for the example's batch, then names dim 0 of the file's input and output: the
+    input types say any batch, the program inside does not."""
+    import onnx
+
+    torch.onnx.export(model, (example,), path, dynamo=True, verbose=False)
+    proto = onnx.load(path)
+    for value in (*proto.graph.input, *proto.graph.output):
+        value.type.tensor_type.shape.dim[0].dim_param = "batch"
+    onnx.save(proto, path)
+
+
+def test_a_dim_param_written_into_a_fixed_batch_file_fails_on_the_batch_shape_op():
+    v = assert_rejected(EX, dim_param_written_in, "a column of ones as tall as the batch")
+    assert v.message.startswith("hidden check 3/3"), v.message
+    assert "Does the graph hold a size fixed at the example's batch" in v.message, v.message
+
+
 @pytest.mark.parametrize("answer, phrase", [
     (fixed_batch, "has shape [4, 16]: dim 0 is fixed at 4 (a dim_value)"),
     (torchscript_exporter, "it was written by the TorchScript exporter"),

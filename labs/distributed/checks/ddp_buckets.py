@@ -134,7 +134,6 @@ def small_mlp(predict_buckets, ctx):
 
 @check(EXERCISE, hidden=True)
 def seeded_models(predict_buckets, ctx):
-    """DDP's buckets of seeded MLPs and caps, a frozen layer, a cap met exactly, the default cap,
-    a layer run twice"""
+    """DDP's buckets: seeded MLPs and caps, a frozen layer, an exact cap, a layer run twice"""
     for spec, sample, cap, what in _hidden(ctx.seed):
         _compare(predict_buckets, spec, sample, cap, what)

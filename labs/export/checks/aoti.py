@@ -3,7 +3,8 @@ float32 input shaped like ``example``, ``(batch, features)``) with a dynamic bat
 at least 1..64, compiles it with AOTInductor into a package at ``path``
 (torch/_inductor/__init__.py: aoti_compile_and_package) and returns the package's path. The
 probe loads that path with ``torch._inductor.aoti_load_package``
-(torch/_inductor/package/package.py: load_package, AOTICompiledModel) and runs the loaded model
+(torch/_inductor/package/package.py: load_package; torch/export/pt2_archive/_package.py:
+AOTICompiledModel) and runs the loaded model
 against the eager one (``torch.testing.assert_close``, float32 tolerances).
 
 A package's generated code checks its input's sizes against what it was compiled for only when
@@ -22,7 +23,10 @@ with its own eager model. The answer is called once, on ``models.mlp([16, 32, 32
 example batch of 4, in an empty temporary folder (compiling costs ~10 s, more with a cold
 compiler cache), and the package is run at every batch of both checks. Public: batch 4 and a
 seeded batch in 5..16. Hidden: batches 1, 64 and a seeded batch in 17..63 (from the public
-check's reply when the same answer handle was judged with the same seed, else compiled again).
+check's reply when the same answer handle was judged with the same seed, else compiled again),
+and the batch range of the program the answer exported (the probe records it at
+``torch.export._trace._export``) must hold 1..64: with the lower-bound check off, a package
+compiled from a program declared from 2 up would run batch 1 all the same.
 Warnings and log records below ERROR from export and Inductor, and what the loaded model's input
 checks print, are kept out of the output.
 """
@@ -104,6 +108,25 @@ def _package(reply) -> list:
     return reply.get("outputs")
 
 
+def _declared(ranges) -> None:
+    """The batch range of the program the package was compiled from (the last one the answer
+    exported) must hold 1..MAX_BATCH: the grader compiles with the lower-bound check off, so a
+    package's own input checks would not refuse batch 1 for a program declared from 2 up."""
+    if not ranges:
+        raise CheckFailure(
+            f"for {WHAT}, package_aoti exported no program with torch.export (the checks "
+            "read the batch range it declares): export the model with a dynamic batch, then "
+            "compile that ExportedProgram.")
+    lower, upper = ranges[-1]
+    if lower > 1 or (upper is not None and upper < MAX_BATCH):
+        shown = f"[{lower}, {'inf' if upper is None else upper}]"
+        raise CheckFailure(
+            f"for {WHAT}, the program package_aoti compiled declares dim 0 (the batch) in "
+            f"{shown}; the exercise asks for every batch in 1..{MAX_BATCH}. Give the batch's "
+            f"Dim min=1 and max={MAX_BATCH} or more (AOTInductor's own input checks start at 2; "
+            "the grader compiles with aot_inductor.check_lowerbound=False, so batch 1 runs).")
+
+
 def _run(outputs: list, model: torch.nn.Module, xs: list[torch.Tensor]) -> None:
     """What the loaded package returned on each x against the eager model's output."""
     for x, got in zip(xs, outputs, strict=True):
@@ -158,7 +181,8 @@ def compile_load_and_run(package_aoti, ctx):
 
 @check(EXERCISE, hidden=True)
 def batches_1_to_64(package_aoti, ctx):
-    """the same package run at batches 1, 64 and a seeded one"""
+    """the same package run at batches 1, 64 and a seeded one; its program declares 1..64"""
     model, example, xs = _case(ctx)
     outputs = _outputs(package_aoti, ctx, model, example, xs)
     _run(outputs[2:], model, xs[2:])
+    _declared(_SEEN["reply"].get("ranges"))

@@ -50,11 +50,27 @@ def _quiet(fn, *args):
         return fn(*args)
 
 
+#: what an ATen op says when it is handed a node's list argument as it is (Nodes inside)
+_NODES_IN_A_LIST = ("immutable_list", "immutable_dict")
+
+
 def _explained(run: dict, ep, when: str) -> None:
-    """Turn the KeyErrors of two likely slips into a message that says what went wrong: looking
-    a non-persistent buffer or constant up in ``ep.state_dict``, and matching placeholders to
-    input specs by name after ``copy.deepcopy`` renamed one (``input`` -> ``input_1``)."""
-    key, where = run["key"], run["raised"].get("where", "")
+    """Turn three likely slips into a message that says what went wrong: an op handed a node's
+    list argument with the Nodes still inside (``aten.cat``'s tensors), and the KeyErrors of
+    looking a non-persistent buffer or constant up in ``ep.state_dict`` and of matching
+    placeholders to input specs by name after ``copy.deepcopy`` renamed one (``input`` ->
+    ``input_1``)."""
+    raised = run["raised"]
+    key, where = run["key"], raised.get("where", "")
+    said = f"{raised.get('ename', '')}: {raised.get('evalue', '')}"
+    if key is None and any(kind in said for kind in _NODES_IN_A_LIST):
+        raise CheckFailure(
+            f"{when}, your answer raised {said.strip().splitlines()[0][:200]}{where}. A "
+            "node's args are not "
+            "only Nodes and constants: they hold lists and tuples too "
+            "(torch.fx.immutable_collections.immutable_list), whose elements may be Nodes "
+            "(aten.cat's tensors). Replace the Nodes inside them by their values as well, at "
+            "any depth (torch.fx.node.map_arg does), and pass the op a list of tensors.")
     if key is None:
         return
     mine = _quiet(copy.deepcopy, ep)  # (the copy the answer ran on: the same renaming)

@@ -14,7 +14,8 @@ writes (``pkg.torch.export.*``: the TorchScript exporter, ``dynamo=False``, writ
 onnxruntime (``InferenceSession``, CPUExecutionProvider) must reproduce the eager model
 (``torch.testing.assert_close``, float32 tolerances) at batch 1, at the example's batch and at
 seeded batches up to 64. Public: ``models.mlp([16, 32, 32, 4])``, example batch 4. Hidden: a
-seeded MLP, and a small model with LayerNorm, GELU and softmax. The exporter's progress lines
+seeded MLP, and a small model with LayerNorm, GELU, softmax and a shape op on the batch (a
+file exported for one batch with its ``dim_param`` written in afterwards fails there). The exporter's progress lines
 (``[torch.onnx] ...``), warnings and log records are kept out of the verdict's output; what the
 answer prints itself is passed on.
 """
@@ -38,22 +39,6 @@ MAX_BATCH = 64
 #: graph metadata keys that torch.onnx.export(..., dynamo=True) writes and the TorchScript
 #: exporter does not (torch/onnx/_internal/exporter/_core.py: exported_program_to_ir)
 DYNAMO_MARK = "pkg.torch.export."
-
-
-class _Head(nn.Module):
-    """``softmax(out(gelu(norm(inp(x)))), dim=-1)``: ops beyond Linear and ReLU."""
-
-    def __init__(self, d: int, hidden: int, k: int, g: torch.Generator):
-        super().__init__()
-        self.inp = nn.Linear(d, hidden)
-        self.norm = nn.LayerNorm(hidden)
-        self.out = nn.Linear(hidden, k)
-        with torch.no_grad():
-            for p in self.parameters():
-                p.copy_(torch.randn(p.shape, generator=g) * 0.3 + (p.dim() == 1) * 0.1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(self.out(nn.functional.gelu(self.norm(self.inp(x)))), dim=-1)
 
 
 def _dims(value_info) -> list:
@@ -196,11 +181,14 @@ def seeded_mlp(to_onnx, ctx):
 
 @check(EXERCISE, hidden=True)
 def layernorm_gelu_softmax(to_onnx, ctx):
-    """a model with LayerNorm, GELU and softmax, run by onnxruntime at seeded batches"""
+    """a model with LayerNorm, GELU, softmax and a shape op on the batch, run by onnxruntime at
+    seeded batches"""
     g = ctx.generator(2)
     d, hidden, k = (int(v) for v in torch.randint(4, 33, (3,), generator=g))
-    model = _Head(d, hidden, k, g)
+    model = models.Head(d, hidden, k, g)
     batch = int(torch.randint(2, 9, (), generator=g))
     example = torch.randn(batch, d, generator=g)
     _compare(to_onnx, ["head", d, hidden, k], model, example, g,
-             f"Linear({d}, {hidden}) -> LayerNorm -> GELU -> Linear({hidden}, {k}) -> softmax, with an example batch of {batch}")
+             f"models.Head: x ({d} features) and a column of ones as tall as the batch -> "
+             f"Linear({d + 1}, {hidden}) -> LayerNorm -> GELU -> Linear({hidden}, {k}) -> "
+             f"softmax, with an example batch of {batch}")

@@ -40,51 +40,45 @@ def mlp(widths: list[int], generator: torch.Generator) -> nn.Sequential:
     return model
 
 
-class Crossed(nn.Module):
+class Ordered(nn.Module):
+    """Square ``nn.Linear`` layers (``width`` -> ``width``; ``out``: ``width`` -> 3) named
+    ``defined``, registered in that order, and run in ``order`` (a name may come twice), each
+    followed by tanh. Weights drawn from ``generator`` (``N(0, 0.1**2)``), in ``defined`` order."""
+
+    def __init__(self, width: int, generator: torch.Generator, defined: list[str],
+                 order: list[str]):
+        super().__init__()
+        for name in defined:
+            setattr(self, name, nn.Linear(width, 3 if name == "out" else width))
+        self.order = order
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for name in self.order:
+            x = torch.tanh(getattr(self, name)(x))
+        return x
+
+
+class Crossed(Ordered):
     """Layers defined in one order and used in another: ``inp``, ``late``, ``early``, ``out``
-    (``nn.Linear``: ``width`` -> ``width``, the last to 3) registered in that order and run as
-    ``inp``, ``early``, ``late``, ``out``, so the order gradients become ready is not the reverse
-    of the order parameters were registered in. Weights drawn from ``generator``
-    (``N(0, 0.1**2)``)."""
+    registered in that order and run as ``inp``, ``early``, ``late``, ``out``, so the order
+    gradients become ready is not the reverse of the order parameters were registered in."""
 
     def __init__(self, width: int, generator: torch.Generator):
-        super().__init__()
-        self.inp = nn.Linear(width, width)
-        self.late = nn.Linear(width, width)
-        self.early = nn.Linear(width, width)
-        self.out = nn.Linear(width, 3)
-        self.order = ["inp", "early", "late", "out"]
-        with torch.no_grad():
-            for p in self.parameters():
-                p.copy_(torch.randn(p.shape, generator=generator) * 0.1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for name in self.order:
-            x = torch.tanh(getattr(self, name)(x))
-        return x
+        super().__init__(width, generator, ["inp", "late", "early", "out"],
+                         ["inp", "early", "late", "out"])
 
 
-class Reused(nn.Module):
-    """One layer run twice: ``inp``, ``mid``, ``out`` (``nn.Linear``: ``width`` -> ``width``, the
-    last to 3) run as ``inp``, ``mid``, ``inp``, ``out``. ``inp``'s gradient is ready only once
-    both of its uses have been back-propagated (autograd sums them before its ``AccumulateGrad``
-    runs), so it comes after ``mid``'s, not between ``out``'s and ``mid``'s. Weights drawn from
-    ``generator`` (``N(0, 0.1**2)``)."""
+class Reused(Ordered):
+    """One layer run twice: ``inp``, ``mid``, ``out`` run as ``inp``, ``mid``, ``inp``, ``out``.
+    ``inp``'s gradient is ready only once both of its uses have been back-propagated (autograd
+    sums them before its ``AccumulateGrad`` runs), so it comes after ``mid``'s, not between
+    ``out``'s and ``mid``'s."""
 
     def __init__(self, width: int, generator: torch.Generator):
-        super().__init__()
-        self.inp = nn.Linear(width, width)
-        self.mid = nn.Linear(width, width)
-        self.out = nn.Linear(width, 3)
-        self.order = ["inp", "mid", "inp", "out"]
-        with torch.no_grad():
-            for p in self.parameters():
-                p.copy_(torch.randn(p.shape, generator=generator) * 0.1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for name in self.order:
-            x = torch.tanh(getattr(self, name)(x))
-        return x
+        super().__init__(width, generator, ["inp", "mid", "out"], ["inp", "mid", "inp", "out"])
 
 
 def build(spec: dict) -> nn.Module:

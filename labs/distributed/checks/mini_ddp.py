@@ -177,7 +177,7 @@ def three_ranks_and_a_frozen_layer(MiniDDP, ctx):
     model[2].requires_grad_(False)
     _compare(MiniDDP, model, _mlp_spec(model), cap, 2, g, f"the MLP {widths} with layer 1 "
              f"frozen on 2 ranks, bucket_cap_mb={cap:.4f}")
-    crossed = Crossed(24, g)  # one layer a bucket; late's fills before early's
+    crossed = Crossed(24, g)  # buckets [out, early], [late], [inp]: late's fills before the first
     _compare(MiniDDP, crossed, {"kind": "crossed", "width": 24,
                                 "state": dict(crossed.state_dict())}, 0.002, 2, g,
              "Crossed(24) on 2 ranks (layers defined inp, late, early, out and run inp, early, "

@@ -82,7 +82,7 @@ class RankFailure(AnswerError):
 
 
 def run(fn, world_size: int, *args, timeout: float = TIMEOUT, backend: str = "gloo",
-        echo: bool = True) -> list:
+        echo: bool = True, clean: bool = False) -> list:
     """Call ``fn(*args)`` on ``world_size`` forked ranks in a default process group; return the
     values the ranks returned, by rank (they travel back pickled, so return plain data: tensors,
     numbers, lists, dicts).
@@ -95,14 +95,18 @@ def run(fn, world_size: int, *args, timeout: float = TIMEOUT, backend: str = "gl
     once (``RENDEZVOUS_RETRIES``), and so is one in which a rank has not joined it
     :data:`JOIN` seconds (stretched) after the fork: a fork made while another thread of this
     process held a lock inside torch (its thread pools, MKL) leaves the rank waiting on that lock
-    forever, before it has run anything of the answer (seen under load). Raises :class:`RankFailure` (naming the rank) when a rank
+    forever, before it has run anything of the answer (seen under load). With ``clean``, the
+    ranks are forked from a server process that runs nothing else (multiprocessing's
+    ``forkserver``, torch preloaded) instead of from this one, so that no lock another thread
+    of this process holds can come along: for a process whose other threads run torch (the
+    judges'), and an ``fn`` importable by name with picklable ``args``. Raises :class:`RankFailure` (naming the rank) when a rank
     raises, exits before returning, or is still running after ``timeout``; ``CheckFailure``
     when a process group is already initialized in this process (a ``dist.init_process_group``
     outside a rank, which forked ranks would inherit; it is destroyed first). Linux and macOS
     (fork) only.
     """
     with _ONE_WORLD:
-        return _run(fn, world_size, args, timeout, backend, echo)
+        return _run(fn, world_size, args, timeout, backend, echo, clean)
 
 
 def allowed(timeout: float) -> float:
@@ -114,7 +118,19 @@ def allowed(timeout: float) -> float:
     return timeout * min(MOST_STRETCH, max(1.0, per_cpu))
 
 
-def _run(fn, world_size: int, args: tuple, timeout: float, backend: str, echo: bool) -> list:
+def _context(clean: bool, fn):
+    """multiprocessing's fork context, or with ``clean`` its forkserver, with torch and the
+    module of ``fn`` preloaded (the server starts at the first clean world: its ranks then
+    import nothing)."""
+    if not clean:
+        return multiprocessing.get_context("fork")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "torch.distributed", __name__, fn.__module__])
+    return context
+
+
+def _run(fn, world_size: int, args: tuple, timeout: float, backend: str, echo: bool,
+         clean: bool) -> list:
     import torch.distributed as dist
 
     timeout = allowed(timeout)
@@ -133,7 +149,7 @@ def _run(fn, world_size: int, args: tuple, timeout: float, backend: str, echo: b
         ranks: list[_Rank] = []
         again = False
         try:
-            context = multiprocessing.get_context("fork")
+            context = _context(clean, fn)
             with warnings.catch_warnings():  # (Python 3.12 warns on fork in a threaded process)
                 warnings.simplefilter("ignore", DeprecationWarning)
                 for rank in range(world_size):

@@ -367,8 +367,9 @@ def record_ddp_iterations(ddp_model, step: Callable, iterations: int = 2) -> lis
     gradients come in; unless ``find_unused_parameters=True``, which buckets by size in
     reverse definition order from the start); after it, ``Reducer::rebuild_buckets``
     regroups the parameters in the order their gradients became ready, ``bucket_cap_mb`` each,
-    so from iteration 2 a bucket's all-reduce starts as soon as its last gradient is ready,
-    while backward continues. Models ``torch/nn/parallel/distributed.py:
+    so from iteration 2 a bucket's all-reduce starts as soon as its last gradient is ready and
+    the buckets before it have started (``Reducer::mark_bucket_ready`` launches them in bucket
+    order), while backward continues. Models ``torch/nn/parallel/distributed.py:
     DistributedDataParallel.register_comm_hook``, ``torch/distributed/algorithms/ddp_comm_hooks/
     default_hooks.py: allreduce_hook`` and ``torch/csrc/distributed/c10d/reducer.cpp:
     Reducer::mark_variable_ready, Reducer::rebuild_buckets``."""

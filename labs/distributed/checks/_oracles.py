@@ -1,7 +1,9 @@
 """The judges' own rank worlds (their oracles), run one at a time in a thread of the grader's
 process, each case once: started ahead by the lab's ``@ahead`` functions while the kernel still
 runs the notebook (:func:`grader.checks.ahead`), or by the check that needs it first. A world
-is :func:`labs.distributed.launch.run`, with ``echo=False``; its ranks die with the process."""
+is :func:`labs.distributed.launch.run`, with ``echo=False`` and ``clean=True`` (forked from a
+server process, not from this one, whose other threads run torch while a world starts); its ranks
+die with the process."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -37,7 +39,7 @@ def _serve() -> None:
         future, fn, world_size, args = _QUEUE.get()
         if future.set_running_or_notify_cancel():
             try:
-                future.set_result(run(fn, world_size, *args, echo=False))
+                future.set_result(run(fn, world_size, *args, echo=False, clean=True))
             except BaseException as exc:  # (the check that asks for it raises it)
                 future.set_exception(exc)
 

@@ -8,8 +8,7 @@ from pathlib import Path
 
 from grader.files import atomic_write
 from grader.reports.graded import Graded, num
-from grader.results import ANSI
-from grader.results import CAVEAT_MARK, mismatch_note
+from grader.results import ANSI, CAVEAT_MARK, mismatch_note
 
 _XML_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 

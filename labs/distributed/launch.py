@@ -88,22 +88,21 @@ def run(fn, world_size: int, *args, timeout: float = TIMEOUT, backend: str = "gl
     numbers, lists, dicts).
 
     ``timeout`` (seconds, stretched on a busy machine: :func:`allowed`) bounds the whole call;
-    the process group's own timeout is longer, so
-    a rank that waits for a message no one sends is reported with the line it waits at, not
-    with gloo's timeout error. ``echo`` prints what the ranks printed, ``[rank r]`` before each
-    line. A world in which a rank fails before it has joined the process group is started again
-    once (``RENDEZVOUS_RETRIES``), and so is one in which a rank has not joined it
-    :data:`JOIN` seconds (stretched) after the fork: a fork made while another thread of this
-    process held a lock inside torch (its thread pools, MKL) leaves the rank waiting on that lock
-    forever, before it has run anything of the answer (seen under load). With ``clean``, the
-    ranks are forked from a server process that runs nothing else (multiprocessing's
-    ``forkserver``, torch preloaded) instead of from this one, so that no lock another thread
-    of this process holds can come along: for a process whose other threads run torch (the
-    judges'), and an ``fn`` importable by name with picklable ``args``. Raises :class:`RankFailure` (naming the rank) when a rank
-    raises, exits before returning, or is still running after ``timeout``; ``CheckFailure``
-    when a process group is already initialized in this process (a ``dist.init_process_group``
-    outside a rank, which forked ranks would inherit; it is destroyed first). Linux and macOS
-    (fork) only.
+    the process group's own timeout is longer, so a rank that waits for a message no one sends
+    is reported with the line it waits at, not with gloo's timeout error. ``echo`` prints what
+    the ranks printed, ``[rank r]`` before each line. A world in which a rank fails before it
+    has joined the process group is started again (up to ``RENDEZVOUS_RETRIES`` times), as is one
+    in which a rank has not joined it :data:`JOIN` seconds (stretched) after the fork: a fork
+    made while another thread of this process held a lock inside torch (its thread pools, MKL)
+    leaves the rank waiting on that lock forever, before it has run anything of the answer
+    (seen under load). With ``clean``, the ranks are forked from a server process that runs
+    nothing else (multiprocessing's ``forkserver``, torch preloaded) instead of from this one,
+    so that no lock another thread of this process holds can come along: for a process whose
+    other threads run torch (the judges'), and an ``fn`` importable by name with picklable
+    ``args``. Raises :class:`RankFailure` (naming the rank) when a rank raises, exits before
+    returning, or is still running after ``timeout``; ``CheckFailure`` when a process group is
+    already initialized in this process (a ``dist.init_process_group`` outside a rank, which
+    forked ranks would inherit; it is destroyed first). Linux and macOS (fork) only.
     """
     with _ONE_WORLD:
         return _run(fn, world_size, args, timeout, backend, echo, clean)

@@ -61,8 +61,16 @@ def from_two(model, example, path):
     return torch._inductor.aoti_compile_and_package(ep, package_path=path)
 
 
-def test_a_program_declared_from_batch_two_fails_its_declared_range():
-    v = assert_rejected(EX, from_two, "declares dim 0 (the batch) in [2, 64]")
+def from_two_beside_a_decoy(model, example, path):
+    """Compiles the program declared from 2 up, after exporting a decoy declared from 1."""
+    ep = export(model, (example,), dynamic_shapes=({0: Dim("batch", min=2, max=64)},))
+    export(model, (example,), dynamic_shapes=({0: Dim("b2", min=1, max=64)},))
+    return torch._inductor.aoti_compile_and_package(ep, package_path=path)
+
+
+@pytest.mark.parametrize("answer", [from_two, from_two_beside_a_decoy])
+def test_a_program_declared_from_batch_two_fails_its_declared_range(answer):
+    v = assert_rejected(EX, answer, "declares dim 0 (the batch) in [2, 64]")
     assert v.message.startswith("hidden check 2/2"), v.message
 
 

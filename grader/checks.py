@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from grader.kernel import probe as _probe
+from grader.labs import modelled
 from grader.kernel.probe import plain, probe, raised, seeded_rng, state_changes, torch_defaults
 from grader.results import ANSI
 
@@ -307,6 +308,23 @@ class AnswerRaised(Exception):
         return f"{label}: your answer raised {what}{r.get('where', '')}"
 
 
+def ran_modelled(record: dict, models: tuple[str, ...]) -> str:
+    """What a learner reads when the answer ran the mechanism its exercise models, or started a
+    process (``record``: :func:`grader.kernel.modelled.observe`'s)."""
+    at = f" (line {record.get('line')} of your cell" + (
+        f": `{record.get('code')}`)" if record.get("code") else ")")
+    if record.get("where") == "sys.setprofile":
+        return ("your answer removed the profiler the check runs it under (sys.setprofile): "
+                "the check cannot see what it ran, so it does not pass.")
+    if record.get("start"):
+        return (f"your answer started a process ({record.get('where')}){at}: compute the "
+                "answer here, in this process, from what you are given; a mechanism run "
+                "elsewhere is not one you built.")
+    return (f"your answer ran {record.get('where')}{at}: that is PyTorch's own code for the "
+            "mechanism this exercise asks you to model (it runs none of "
+            f"{', '.join(models)}). Compute the answer yourself from what you are given.")
+
+
 class Answer:
     """The learner's answer as a judge sees it: a handle, never the object. ``answer(*args,
     **kwargs)`` calls it on plain data and returns plain data (see :mod:`grader.kernel.probe`);
@@ -318,6 +336,7 @@ class Answer:
 
     def __init__(self, exercise_id: str, seed: int = 0):
         self.exercise, self.seed = exercise_id, seed
+        self.models = modelled(exercise_id)
 
     def __call__(self, *args, **kwargs) -> Any:
         return self._reply(None, args, kwargs)
@@ -345,6 +364,8 @@ class Answer:
             raise AnswerRaised(reply["raised"])
         if "unplain" in reply:
             raise CheckFailure(f"{reply['unplain']}.")
+        if "modelled" in reply and type(reply["modelled"]) is dict:
+            raise CheckFailure(ran_modelled(reply["modelled"], self.models))
         if "missing" in reply:
             raise AnswerMissing(str(reply["missing"]))
         raise CheckFailure("what came back from your answer is not a probe's reply.")
@@ -364,7 +385,7 @@ class LocalAnswer(Answer):
 
     def send(self, probe_name, args, kwargs) -> bytes:
         args, kwargs = _probe.decode(_probe.encode((list(args), kwargs)))
-        return _probe.call(self._obj, probe_name, tuple(args), kwargs, self.seed)
+        return _probe.call(self._obj, probe_name, tuple(args), kwargs, self.seed, self.models)
 
 
 def paired(asked: list, reply: Any, what: str) -> list[tuple]:

@@ -32,7 +32,9 @@ class Exercise:
     --allow-torch-mismatch``) marks its result (``version_caveat``); ``withheld``: how many
     of its hidden checks this copy of the course does not have (a learner's copy: ``grader dist
     student`` writes it; 0 in the course itself), so checks are still numbered as the
-    instructor's grader numbers them.
+    instructor's grader numbers them; ``models``: the PyTorch code of the mechanism the exercise
+    asks the learner to build or predict (patterns of :mod:`grader.kernel.modelled`): an answer
+    that runs it, or starts a process, fails, whatever it returns.
     """
 
     id: str
@@ -43,6 +45,7 @@ class Exercise:
     timeout: float = 120.0
     pinned_behaviour: bool = False
     withheld: int = 0
+    models: tuple[str, ...] = ()
 
     def unmet(self, device: str) -> str | None:
         """Why this exercise cannot run on ``device`` (``cpu``/``cuda``) here; None if it can."""
@@ -121,6 +124,21 @@ def _flag(value) -> bool:
     return value
 
 
+def _strings(value) -> tuple[str, ...]:
+    """A list-of-strings field of the lab table (TypeError for anything else)."""
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise TypeError(f"{value!r} is not a list of strings")
+    return tuple(value)
+
+
+def modelled(exercise_id: str) -> tuple[str, ...]:
+    """The ``models`` patterns of ``exercise_id`` (empty for an id no lab table has)."""
+    lab_id = exercise_id.partition(".")[0]
+    if lab_id not in _tables():
+        return ()
+    return next((e.models for e in load_lab(lab_id).exercises if e.id == exercise_id), ())
+
+
 def load_lab(lab_id: str) -> Lab:
     """Read ``labs/<lab_id>/lab.toml``. Raises GraderError if the lab or a field is missing."""
     path = _tables().get(lab_id)
@@ -138,6 +156,7 @@ def load_lab(lab_id: str) -> Lab:
                 timeout=float(e.get("timeout", 120)),
                 pinned_behaviour=_flag(e.get("pinned_behaviour", False)),
                 withheld=int(e.get("withheld", 0)),
+                models=_strings(e.get("models", [])),
             )
             for e in raw["exercises"]
         )

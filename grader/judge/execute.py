@@ -506,7 +506,7 @@ class _KernelAnswer(Answer):
         reply.unlink(missing_ok=True)
         request.write_bytes(probe.encode({
             "answer": self.name, "probe": probe_name, "args": list(args), "kwargs": kwargs,
-            "seed": self.seed, "reply": str(reply)}))
+            "seed": self.seed, "models": list(self.models), "reply": str(reply)}))
         self._cell(f"__import__('grader.kernel.probe').kernel.probe.serve({str(request)!r})")
         try:  # (the kernel owns the folder: never follow a link, never wait on a pipe)
             fd = os.open(reply, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import grader
+from grader.kernel.modelled import observe
 
 #: the most bytes a probe's reply may take (a larger one is refused as not plain data)
 MAX_REPLY_BYTES = 64 << 20
@@ -330,16 +331,20 @@ def seeded_rng(seed: int):
 
 
 # --------------------------------------------------------------------------- the probe
-def call(answer: Any, probe_name: str | None, args: tuple, kwargs: dict, seed: int) -> bytes:
+def call(answer: Any, probe_name: str | None, args: tuple, kwargs: dict, seed: int,
+         models: tuple[str, ...] = ()) -> bytes:
     """Run one probe: ``answer(*args, **kwargs)``, or the probe registered as ``probe_name``
     called as ``fn(answer, *args, **kwargs)``, under torch's defaults and torch's RNG seeded
-    with ``seed``; return the reply, encoded (:func:`encode`): ``{"value": plain data}``,
-    ``{"raised": record}`` (:func:`raised`) or ``{"unplain": why}`` (the value was not plain
-    data). Never raises for what the answer does (``KeyboardInterrupt``, the grader's time
-    limit, is passed on)."""
+    with ``seed``, observed for calls into ``models`` (:func:`grader.kernel.modelled.observe`);
+    return the reply, encoded (:func:`encode`): ``{"value": plain data}``, ``{"raised":
+    record}`` (:func:`raised`), ``{"unplain": why}`` (the value was not plain data) or
+    ``{"modelled": record}`` (the answer ran the modelled mechanism, whatever it returned).
+    Never raises for what the answer does (``KeyboardInterrupt``, the grader's time limit, is
+    passed on)."""
+    seen: dict = {"ran": None}
     try:
         fn = _lookup(probe_name) if probe_name else None
-        with torch_defaults(), seeded_rng(seed):
+        with torch_defaults(), seeded_rng(seed), observe(models, sys._getframe()) as seen:
             value = fn(answer, *args, **kwargs) if fn else answer(*args, **kwargs)
         value = _detached(value)
         why = plain(value, "what your answer gave" if fn else "the value your answer returned")
@@ -348,6 +353,8 @@ def call(answer: Any, probe_name: str | None, args: tuple, kwargs: dict, seed: i
         raise
     except BaseException as exc:  # SystemExit too: it costs this probe, not the kernel
         reply = {"raised": raised(exc)}
+    if seen["ran"] is not None:
+        reply = {"modelled": seen["ran"]}
     try:
         return encode(reply)
     except Exception as exc:
@@ -356,8 +363,9 @@ def call(answer: Any, probe_name: str | None, args: tuple, kwargs: dict, seed: i
 
 def serve(request: str) -> None:
     """The grader's probe cell: read the request the judge wrote at path ``request`` (plain
-    data: exercise, answer name, probe, args, kwargs, seed, reply path), run :func:`call` on the
-    answer the notebook binds under that name, and write the reply where the request says."""
+    data: exercise, answer name, probe, args, kwargs, seed, models, reply path), run
+    :func:`call` on the answer the notebook binds under that name, and write the reply where
+    the request says."""
     import __main__
 
     req = decode(Path(request).read_bytes())
@@ -367,5 +375,5 @@ def serve(request: str) -> None:
         reply = encode({"missing": req["answer"]})
     else:
         reply = call(namespace[req["answer"]], req["probe"], tuple(req["args"]),
-                     dict(req["kwargs"]), req["seed"])
+                     dict(req["kwargs"]), req["seed"], tuple(req["models"]))
     Path(req["reply"]).write_bytes(reply)

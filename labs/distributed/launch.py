@@ -17,7 +17,8 @@ What it guarantees, so that a learner's rank that hangs or dies costs one call, 
 - No port and no file is shared between calls: the store is a file in a new temporary folder
   (deleted afterwards), and gloo's own connections bind ports the OS picks.
 - A rank's output (``print``, C++ warnings) goes to a file that :func:`run` prints afterwards,
-  each line prefixed ``[rank r]``; the kernel's own output channel is never touched by a fork.
+  each line prefixed ``[rank r]`` (a warning every rank gave alike once, :func:`echoed`); the
+  kernel's own output channel is never touched by a fork.
 
 Each rank sees the environment torchrun would set for it (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) and runs torch with one intra-op thread.
@@ -170,9 +171,7 @@ def _run(fn, world_size: int, args: tuple, timeout: float, backend: str, echo: b
             for r in ranks:
                 r.reap()
             if echo and not again:
-                for r in ranks:
-                    for line in r.output().splitlines():
-                        print(f"[rank {r.rank}] {line}")
+                print(echoed([r.output() for r in ranks]), end="")
             shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -275,6 +274,60 @@ def _wait(ranks: list[_Rank], deadline: float, join_by: float) -> None:
 
 #: gloo's abort when a message does not fit its receive buffer (``gloo/transport/tcp/pair.cc``)
 _SIZE_MISMATCH = re.compile(r"op\.preamble\.length <= op\.nbytes\. (\d+) vs (\d+)")
+
+
+#: a log record torch's C++ or Python logging writes on a rank: its ``[rankN]:`` tag, then
+#: glog's level letter, date, time and thread id (c10/util/Logging.cpp; torch/_logging)
+_LOG_PREFIX = re.compile(r"^(\[rank\d+\]:)?([IWE])\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ")
+#: a Python warning as ``warnings.showwarning`` prints it: ``path:line: Category: message``
+_WARNING = re.compile(r"^\S+:\d+: \w*Warning: ")
+
+
+def echoed(outputs: list[str]) -> str:
+    """What the ranks printed (``outputs[r]``: rank r's), each line prefixed ``[rank r]``,
+    except a warning or log record that several ranks printed alike (with their own rank tag,
+    time and thread id; a Python warning with the source line under it): that one is printed
+    once, where it first appears, prefixed with the ranks that printed it (``[ranks 0-3]``), as
+    ``W path:line] message`` for a log record. Each rank says the same thing, which the
+    learner needs to read once."""
+
+    def entries(text: str) -> list[tuple[str, str]]:  # (key, lines as printed)
+        found, lines = [], text.splitlines()
+        i = 0
+        while i < len(lines):
+            line = lines[i]
+            if m := _LOG_PREFIX.match(line):
+                found.append((f"{m.group(2)} {line[m.end():]}", line))
+            elif _WARNING.match(line):
+                block = [line]
+                while i + 1 < len(lines) and lines[i + 1].startswith("  "):
+                    i += 1
+                    block.append(lines[i])
+                found.append(("\n".join(block), "\n".join(block)))
+            else:
+                found.append(("", line))
+            i += 1
+        return found
+
+    per_rank = [entries(text) for text in outputs]
+    said: dict[str, list[int]] = {}
+    for rank, found in enumerate(per_rank):
+        for key, _ in found:
+            if key and rank not in said.setdefault(key, []):
+                said[key].append(rank)
+    out, shown = [], set()
+    for rank, found in enumerate(per_rank):
+        for key, printed in found:
+            if key and len(said[key]) > 1:
+                if key not in shown:
+                    shown.add(key)
+                    who = said[key]
+                    tag = (f"ranks {who[0]}-{who[-1]}" if who == list(range(who[0], who[-1] + 1))
+                           else "ranks " + ", ".join(map(str, who)))
+                    out += [f"[{tag}] {line}" for line in key.splitlines()]
+                continue
+            out += [f"[rank {rank}] {line}" for line in printed.splitlines()]
+    return "".join(line + "\n" for line in out)
 
 
 def _gloo_why(printed: str) -> str:

@@ -11,9 +11,8 @@ ranks of their own, and decide. Nothing here knows a right answer.
 """
 from __future__ import annotations
 
-import os
+import gc
 import time
-import traceback
 from dataclasses import dataclass
 
 import torch
@@ -40,17 +39,37 @@ KINDS = {
     "broadcast_": "broadcast", "broadcast": "broadcast", "reduce_": "reduce",
     "gather_": "gather", "scatter_": "scatter", "barrier": "barrier",
 }
+#: the kinds that run on a process group (not a peer)
+COLLECTIVES = frozenset(KINDS.values()) - {"send", "recv"}
 
 
 @dataclass(frozen=True)
 class Comm:
     """One communication op a rank issued: its ``kind`` (a value of :data:`KINDS`, or the op's
-    own name), the ``peer`` rank of a send or recv (else None) and the ``bytes`` of its tensors
-    (for a send, what it sends; for a recv, the buffer it receives into)."""
+    own name), the ``peer`` rank of a send or recv (else None), the ``bytes`` of its tensors
+    (for a send, what it sends; for a recv, the buffer it receives into) and the global ranks of
+    its process ``group`` (None where the op names none)."""
 
     kind: str
     peer: int | None
     bytes: int
+    group: tuple[int, ...] | None = None
+
+
+def _group_of(args) -> tuple[int, ...] | None:
+    """The global ranks of the process group a c10d op runs on: a ``ProcessGroup`` argument
+    (boxed as a ScriptObject by the dispatcher), or a functional collective's ``group_name``
+    (its last str argument). (torch/csrc/distributed/c10d/Ops.cpp; torch/distributed/
+    _functional_collectives.py; distributed_c10d.py: _resolve_process_group.)"""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    for a in args:
+        if isinstance(a, torch.ScriptObject):
+            return tuple(dist.get_process_group_ranks(dist.ProcessGroup.unbox(a)))
+    names = [a for a in args if isinstance(a, str)]
+    if names:
+        return tuple(dist.get_process_group_ranks(_resolve_process_group(names[-1])))
+    return None
 
 
 class CommLog(TorchDispatchMode):
@@ -73,7 +92,7 @@ class CommLog(TorchDispatchMode):
                        if isinstance(t, torch.Tensor)]
             peer = args[2] if name in ("send", "recv_") else None
             nbytes = sum(t.numel() * t.element_size() for t in tensors)
-            self.comms.append(Comm(KINDS.get(name, name), peer, nbytes))
+            self.comms.append(Comm(KINDS.get(name, name), peer, nbytes, _group_of(args)))
         return func(*args, **(kwargs or {}))
 
     def counts(self) -> dict[str, int]:
@@ -225,24 +244,6 @@ def comm_counts(mode) -> dict[str, int]:
     return found
 
 
-class _DTensorIssued(TorchDispatchMode):
-    """Notes the first c10d op issued from DTensor's own code (``torch/distributed/tensor/``,
-    its debug tools aside)."""
-
-    def __init__(self):
-        super().__init__()
-        self.where = ""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace in ("c10d", "_c10d_functional") and not self.where:
-            for frame in traceback.extract_stack():
-                path = frame.filename.replace(os.sep, "/")
-                if "torch/distributed/tensor/" in path and "/debug/" not in path:
-                    self.where = f"torch/{path.split('/torch/', 1)[-1]}: {frame.name}"
-                    break
-        return func(*args, **(kwargs or {}))
-
-
 def dtensor_case(src, dst, mesh_shape, shape, rank: int) -> str:
     """A case in words, as messages name it (placements by code)."""
     coord, left = [], rank
@@ -258,8 +259,8 @@ def _redistribute_rank(redistribute, seed: int, cases: list, shape: list) -> lis
     """On every rank, for each ``[mesh_shape, [[src, dst], ...]]`` of ``cases`` (placements by
     code): ``redistribute(local, mesh, src, dst)`` on this rank's :func:`dtensor_source`;
     ``{"got": the tensor it returned when a plain tensor, else None, "type": its type's name,
-    "tensor": whether it is a tensor, "counts": its collectives by kind, "issued": where
-    DTensor's own code issued a collective ("" when none did)}``."""
+    "tensor": whether it is a tensor, "counts": its collectives by kind, "groups": [[kind,
+    global ranks of its group], ...] of each collective in order}``."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.debug import CommDebugMode
 
@@ -270,7 +271,7 @@ def _redistribute_rank(redistribute, seed: int, cases: list, shape: list) -> lis
         for src, dst in pairs:
             src_p, dst_p = tuple(map(placement, src)), tuple(map(placement, dst))
             local = dtensor_source(full, mesh, src_p, seed)
-            with CommDebugMode() as mode, _DTensorIssued() as issued:
+            with CommDebugMode() as mode, CommLog() as log:
                 try:
                     got = redistribute(local.clone(), mesh, src_p, dst_p)
                 except Exception as exc:  # (the verdict says which case it raised on)
@@ -280,7 +281,9 @@ def _redistribute_rank(redistribute, seed: int, cases: list, shape: list) -> lis
             plain_tensor = type(got) in (torch.Tensor, torch.nn.Parameter)
             seen.append({"got": got.detach().clone() if plain_tensor else None,
                          "type": type(got).__name__, "tensor": isinstance(got, torch.Tensor),
-                         "counts": comm_counts(mode), "issued": issued.where})
+                         "counts": comm_counts(mode),
+                         "groups": [[c.kind, list(c.group)] for c in log.comms
+                                    if c.kind in COLLECTIVES and c.group is not None]})
     return seen
 
 
@@ -313,8 +316,7 @@ def _ddp_rank(MiniDDP, spec: dict, cap: float, x: torch.Tensor, y: torch.Tensor,
               lr: float, late: float) -> dict:
     """On every rank: ``steps`` of SGD (``lr``, MSE loss) through ``MiniDDP(model, cap)`` on this
     rank's slice of (x, y); with ``late`` (s), the last rank starts its first backward that late.
-    Returns ``{"wraps_ddp": True}`` when MiniDDP holds a DistributedDataParallel, else
-    ``{"buckets": its buckets by parameter name (None when they are not lists of the module's
+    Returns ``{"buckets": its buckets by parameter name (None when they are not lists of the module's
     parameters), "trainable": how many parameters require grad, "steps": [{"counts": its
     collectives by kind, "at_issue": gradients ready at each all-reduce, "issued_at": when each
     was issued, "ready_at": when each gradient was ready, "ready_order": the names of the
@@ -325,9 +327,6 @@ def _ddp_rank(MiniDDP, spec: dict, cap: float, x: torch.Tensor, y: torch.Tensor,
     rank, p = dist.get_rank(), dist.get_world_size()
     model = build(spec)
     ddp = MiniDDP(model, cap)
-    if isinstance(ddp, nn.parallel.DistributedDataParallel) or any(
-            isinstance(m, nn.parallel.DistributedDataParallel) for m in ddp.modules()):
-        return {"wraps_ddp": True}
     names = {id(q): n for n, q in model.named_parameters()}
     try:
         buckets = [[names[id(q)] for q in b] for b in ddp.buckets]

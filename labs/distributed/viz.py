@@ -293,19 +293,27 @@ def _state_html(states: list[dict], k: int) -> str:
             if len(ranks) > p / 2:
                 style += ";color:white"
             note = ""
-            if sends.get(r) == c:
-                style += f";outline:3px solid {SEND_COLOUR};outline-offset:-3px"
+            if sends.get(r) == c:  # (dashed: what it sent; solid, as in the figure: received)
+                style += f";outline:2px dashed {SEND_COLOUR};outline-offset:-3px"
                 note = f" → {(r + 1) % p}"
             if received.get(r) == c:
+                style += f";outline:3px solid {SEND_COLOUR};outline-offset:-3px"
                 note += f" ← {(r - 1) % p}"
             label = html.escape(_chunk_label(ranks, c, p) + note)
             cells.append(f'<td class="chunk" style="{style}">{label}</td>')
         rows.append(f"<tr><th>rank {r}</th>{''.join(cells)}<td>{sent[r]}</td></tr>")
+    key = (
+        ""
+        if state["phase"] == "initial"
+        else f'<p style="font-size:smaller">solid <span style="color:{SEND_COLOUR}">red</span> '
+        "outline: the chunk a rank received this step (← from whom), as in the figure; dashed: "
+        "the chunk it sent (→ to whom)</p>"
+    )
     return (
         f"<p><b>{html.escape(_state_name(state, p))}</b></p>"
         '<table style="border-collapse:collapse">'
         f"<caption>{caption}</caption>"
-        f"<tr><th></th>{head}<th>sent so far (chunks)</th></tr>{''.join(rows)}</table>"
+        f"<tr><th></th>{head}<th>sent so far (chunks)</th></tr>{''.join(rows)}</table>{key}"
     )
 
 
@@ -313,8 +321,9 @@ def ring_explorer(world_size: int = 4):
     """An explorer: a slider over the states of :func:`ring_schedule` (0: initial, then the
     reduce-scatter and all-gather steps), showing the chosen state as an HTML table, one row
     per rank and one column per chunk, each cell labelled like :func:`ring_allreduce`'s boxes
-    and filled in the same colours, the chunk each rank sent in the step outlined in red and
-    marked ``→ dst`` (the chunk it received ``← src``), a column with the chunks each rank has
+    and filled in the same colours, the chunk each rank received in the step outlined in solid
+    red and marked ``← src`` (as the figure outlines it), the chunk it sent outlined dashed and
+    marked ``→ dst`` (a key under the table says so), a column with the chunks each rank has
     sent so far and a caption naming the phase and step and those counts (units of chunks,
     ``n / p`` of the tensor's bytes each). Returns an ``ipywidgets.VBox``: ``children[0]`` is
     the ``IntSlider`` (0 to ``2 * (p - 1)``), ``children[1]`` the ``ipywidgets.HTML`` shown.

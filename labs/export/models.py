@@ -10,7 +10,9 @@ targets.
 * The models the checks export (built in the learner's kernel too, when an answer is judged):
   :class:`Block`, :class:`Stack`, :class:`Tied` and :class:`Writes` (export.signature),
   :class:`Mixed` (export.graph-pass), :class:`Mixer` and :class:`Kwargs`
-  (export.mini-interpreter).
+  (export.mini-interpreter), :class:`Tower` and :class:`Deep` (export.unflatten: nested
+  submodules, built from :class:`Residual`, :class:`Stage`, :class:`Mix`, :class:`Centre` and
+  :class:`Standardize`).
 """
 from __future__ import annotations
 
@@ -253,3 +255,98 @@ class Kwargs(nn.Module):
         wide = x.to(torch.float64).cumsum(1)
         ranked = torch.sort(x + floor, dim=1, descending=True, stable=True).values
         return floor, wide, ranked
+
+
+class Residual(nn.Module):
+    """``x + ff(norm(x))`` for ``x`` of shape ``(batch, width)``, float32: a LayerNorm ``norm``
+    and a feed-forward ``ff``, an ``nn.Sequential`` of ``Linear(width, hidden)``, ``GELU`` and
+    ``Linear(hidden, width)``."""
+
+    def __init__(self, width: int, hidden: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.ff = nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.ff(self.norm(x))
+
+
+class Tower(nn.Module):
+    """``head(relu(blocks(stem(x))))``: a Linear ``stem`` (width to width), ``blocks`` an
+    ``nn.Sequential`` of ``depth`` :class:`Residual` blocks, and a Linear ``head`` (width to
+    ``classes``). ``x`` ``(batch, width)`` float32; returns ``(batch, classes)``. Modules four
+    deep (``blocks.0.ff.0``), parameter-free ones among them (``GELU``)."""
+
+    def __init__(self, width: int, hidden: int, depth: int, classes: int):
+        super().__init__()
+        self.stem = nn.Linear(width, width)
+        self.blocks = nn.Sequential(*(Residual(width, hidden) for _ in range(depth)))
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.blocks(self.stem(x))))
+
+
+class Mix(nn.Module):
+    """Two inputs, two outputs: ``h = proj(x) * sigmoid(context)``, returns ``(tanh(h), h +
+    context)``; all ``(batch, width)`` float32."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x, context):
+        h = self.proj(x) * torch.sigmoid(context)
+        return torch.tanh(h), h + context
+
+
+class Centre(nn.Module):
+    """Parameter-free: ``x - x.mean(-1, keepdim=True)``."""
+
+    def forward(self, x):
+        return x - x.mean(-1, keepdim=True)
+
+
+class Standardize(nn.Module):
+    """``(x - mean) / std * gain``: persistent buffers ``mean`` and ``std`` (positive) and a
+    parameter ``gain``, each of shape ``(width,)``."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.register_buffer("mean", torch.randn(width) * 0.1)
+        self.register_buffer("std", torch.rand(width) + 0.5)
+        self.gain = nn.Parameter(torch.rand(width) + 0.5)
+
+    def forward(self, x):
+        return (x - self.mean) / self.std * self.gain
+
+
+class Stage(nn.Module):
+    """``forward(x, context)``: ``a, b = mix(x, context)``; returns ``(norm(centre(a)), b)``
+    (a :class:`Mix`, a :class:`Centre` and a :class:`Standardize`)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.mix = Mix(width)
+        self.centre = Centre()
+        self.norm = Standardize(width)
+
+    def forward(self, x, context):
+        a, b = self.mix(x, context)
+        return self.norm(self.centre(a)), b
+
+
+class Deep(nn.Module):
+    """``stages``, an ``nn.ModuleList`` (never called itself) of ``depth`` :class:`Stage` modules
+    that pass ``(x, context)`` along, then a Linear ``out`` (width to ``classes``);
+    ``forward(x, context)`` (both ``(batch, width)`` float32) returns ``(out(x), context)``."""
+
+    def __init__(self, width: int, depth: int, classes: int):
+        super().__init__()
+        self.stages = nn.ModuleList(Stage(width) for _ in range(depth))
+        self.out = nn.Linear(width, classes)
+
+    def forward(self, x, context):
+        for stage in self.stages:
+            x, context = stage(x, context)
+        return self.out(x), context

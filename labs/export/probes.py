@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib
 import io
 import warnings
 
@@ -66,54 +65,6 @@ def _load(model, state: dict | None):
 
 
 # ------------------------------------------------------------------------ export.signature
-#: (module, attribute) of every export entry point; export() and draft_export() both reach
-#: torch.export._trace._export, so a name bound before the probe (`from torch.export import
-#: export`) is refused too
-ENTRY_POINTS = (
-    ("torch.export._trace", "_export"),
-    ("torch.export", "export"),
-    ("torch.export", "export_for_training"),
-    ("torch.export", "draft_export"),
-    ("torch.export._draft_export", "draft_export"),
-    ("torch.export._draft_export", "_export"),
-    ("torch._dynamo", "export"),
-    ("torch._dynamo.eval_frame", "export"),
-)
-
-
-@contextlib.contextmanager
-def _refused(patches: list, called: list[str], why: str):
-    """Make each ``(owner, attribute, what)`` of ``patches`` raise RuntimeError (``why`` with
-    ``what``) and record ``what`` in ``called`` when it is called; put them back on the way out.
-    (An observation in the kernel: the judge reports it.)"""
-
-    def refuse(what):
-        def refused(*args, **kwargs):
-            called.append(what)
-            raise RuntimeError(why.format(what=what))
-        return refused
-
-    saved = []
-    try:
-        for owner, attr, what in patches:
-            if attr in vars(owner) if isinstance(owner, type) else hasattr(owner, attr):
-                saved.append((owner, attr, vars(owner)[attr] if isinstance(owner, type)
-                              else getattr(owner, attr)))
-                setattr(owner, attr, refuse(what))
-        yield
-    finally:
-        for owner, attr, original in reversed(saved):
-            setattr(owner, attr, original)
-
-
-def _export_entry_points() -> list:
-    out = []
-    for module_name, attr in ENTRY_POINTS:
-        module = importlib.import_module(module_name)
-        out.append((module, attr, f"{module_name}.{attr}".replace("._trace._export", ".export")))
-    return out
-
-
 def signature_case(spec: list):
     """``(model, args)`` of an export.signature case, built from plain ``spec``:
     ``["counter", width, batch, seed]``, ``["stack", width, counted, batch, seed]``,
@@ -149,22 +100,18 @@ def signature_case(spec: list):
 
 @probe
 def signatures(predict_signature, specs: list) -> list:
-    """``predict_signature(model, args)`` for the case of each spec (:func:`signature_case`),
-    with every export entry point refused: one entry per case, ``{**_returned(what it
-    returned), "export": [the entry points it called]}``, or ``{"raised": record, "export":
-    [...]}`` for the case where it raised (the last)."""
+    """``predict_signature(model, args)`` for the case of each spec (:func:`signature_case`): one
+    entry per case, :func:`_returned` of what it returned, or ``{"raised": record}`` for the
+    case where it raised (the last)."""
     out = []
     for spec in specs:
         model, args = signature_case(spec)
-        called: list[str] = []
         try:
-            with _refused(_export_entry_points(), called,
-                          "{what} is disabled while predict_signature runs"):
-                got = predict_signature(model, args)
+            got = predict_signature(model, args)
         except Exception as exc:  # noqa: BLE001  (the judge reports it, after earlier cases)
-            out.append({"raised": raised(exc), "export": called[:3]})
+            out.append({"raised": raised(exc)})
             break
-        out.append({**_returned(got), "export": called[:3]})
+        out.append(_returned(got))
     return out
 
 
@@ -434,17 +381,6 @@ def interpreter_model(spec: list):
     raise ValueError(f"no mini-interpreter model {kind!r}")
 
 
-def _walk_patches(gm) -> list:
-    """Every ready-made way to run a program: calling a GraphModule, ``gm.forward``,
-    ``Interpreter.run``, ``ExportedProgram.module`` and ``__call__``."""
-    import torch
-
-    return [(torch.fx.graph_module._WrappedCall, "__call__", "calling a GraphModule"),
-            (torch.fx.Interpreter, "run", "torch.fx.Interpreter.run"),
-            (torch.export.ExportedProgram, "module", "ExportedProgram.module()"),
-            (torch.export.ExportedProgram, "__call__", "calling the ExportedProgram")]
-
-
 def _state_of(ep, name: str):
     if name in ep.state_dict:
         return ep.state_dict[name]
@@ -454,35 +390,27 @@ def _state_of(ep, name: str):
 @probe
 def interpreted(interpret, spec: list, state: dict, example: list, calls: list) -> dict:
     """``ep = core_aten(interpreter_model(spec) with state, example)``; ``interpret(mine,
-    *args)`` on ``mine = copy.deepcopy(ep)`` for each argument list of ``calls``, in turn, with
-    every ready-made way to run the program refused. Returns ``{"calls": [{"type": the result's
-    type's name, "values": its items (a tensor or {"type"}) when it is a tuple, "args": the
-    arguments after the call, "refused": [what it called that is refused]}, or {"raised":
-    record, "key": a KeyError's str key, "refused": [...]} (the last)], "buffers": {each
-    BUFFER input's target: its value in mine after the calls, or None}}``."""
+    *args)`` on ``mine = copy.deepcopy(ep)`` for each argument list of ``calls``, in turn.
+    Returns ``{"calls": [{"type": the result's type's name, "values": its items (a tensor or
+    {"type"}) when it is a tuple, "args": the arguments after the call}, or {"raised": record,
+    "key": a KeyError's str key} (the last)], "buffers": {each BUFFER input's target: its value
+    in mine after the calls, or None}}``."""
     import torch
 
     ep = core_aten(_load(interpreter_model(spec), state), tuple(example))
     mine = _quiet(copy.deepcopy, ep)
     out = {"calls": [], "buffers": {}}
     for args in calls:
-        called: list[str] = []
         ours = [a.clone() for a in args]
         try:
-            with _refused(_walk_patches(mine.graph_module), called,
-                          "{what} is disabled while interpret runs"):
-                mine.graph_module.forward = _refusing(called, "ep.graph_module.forward")
-                try:
-                    got = interpret(mine, *ours)
-                finally:
-                    mine.graph_module.__dict__.pop("forward", None)
+            got = interpret(mine, *ours)
         except Exception as exc:  # noqa: BLE001  (the judge reports it, after earlier calls)
             key = exc.args[0] if isinstance(exc, KeyError) and len(exc.args) == 1 and type(
                 exc.args[0]) is str else None
-            out["calls"].append({"raised": raised(exc), "key": key, "refused": called[:3]})
+            out["calls"].append({"raised": raised(exc), "key": key})
             return out
         is_tuple = isinstance(got, tuple)
-        out["calls"].append({"type": type(got).__name__, "refused": called[:3],
+        out["calls"].append({"type": type(got).__name__,
                              "values": [_tensor_or_type(v) for v in got] if is_tuple else None,
                              "args": ours})
     for s in ep.graph_signature.input_specs:
@@ -492,11 +420,83 @@ def interpreted(interpret, spec: list, state: dict, example: list, calls: list) 
     return out
 
 
-def _refusing(called: list, what: str):
-    def refused(*args, **kwargs):
-        called.append(what)
-        raise RuntimeError(f"{what} is disabled while interpret runs")
-    return refused
+# ------------------------------------------------------------------------ export.unflatten
+def unflatten_model(spec: list):
+    """The unflatten exercise's model of ``spec``:
+    ``["tower", width, hidden, depth, classes]`` (``models.Tower``, one input ``x``) or
+    ``["deep", width, depth, classes]`` (``models.Deep``, inputs ``x`` and ``context``); weights
+    and buffers from torch's RNG (load a state dict)."""
+    from labs.export import models
+
+    if spec[0] == "tower":
+        return models.Tower(*spec[1:5])
+    if spec[0] == "deep":
+        return models.Deep(*spec[1:4])
+    raise ValueError(f"no unflatten model {spec[0]!r}")
+
+
+def _leaves(value) -> list:
+    """The pytree leaves of ``value`` (tuples, lists, dicts and torch.fx's immutable_list
+    opened), each a tensor (detached, cloned) or ``{"type": its type's name}``."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    return [leaf.detach().clone() if type(leaf) in (torch.Tensor, torch.nn.Parameter)
+            else {"type": type(leaf).__name__} for leaf in pytree.tree_leaves(value)]
+
+
+def module_calls(module, args: list) -> dict:
+    """``module(*args)`` under no_grad with a forward hook on each of its submodules. Returns
+    ``{"outputs": _leaves(what it returned), "submodules": [[name, _leaves(args and kwargs),
+    _leaves(output)] per submodule call, in the order the calls returned]}``, or ``{"raised":
+    record}``."""
+    import torch
+
+    seen: list = []
+
+    def recorder(name):
+        def hook(mod, hook_args, hook_kwargs, output):
+            seen.append([name, _leaves((hook_args, hook_kwargs)), _leaves(output)])
+        return hook
+
+    handles = [sub.register_forward_hook(recorder(name), with_kwargs=True)
+               for name, sub in module.named_modules() if name]
+    try:
+        with torch.no_grad():
+            result = module(*[a.clone() for a in args])
+    except Exception as exc:  # noqa: BLE001  (the judge reports it)
+        return {"raised": raised(exc)}
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {"outputs": _leaves(result), "submodules": seen}
+
+
+@probe
+def unflattened(unflatten, spec: list, state: dict, example: list, calls: list) -> dict:
+    """``unflatten(ep)`` with ``ep = export(unflatten_model(spec) with state, example)``, then
+    the module it returned run on each argument list of ``calls`` (:func:`module_calls`).
+    Returns ``{"type": the returned value's type's name, "module": whether it is an nn.Module,
+    "modules": the names of its named_modules(), "parameters": of its named_parameters(),
+    "buffers": of its named_buffers(), "state": its state_dict() (each value a tensor or
+    {"type"}), "calls": [module_calls per argument list, up to the first that raised]}``."""
+    import torch
+
+    ep = _quiet(torch.export.export, _load(unflatten_model(spec), state), tuple(example))
+    got = unflatten(ep)
+    out = {"type": type(got).__name__, "module": isinstance(got, torch.nn.Module),
+           "modules": [], "parameters": [], "buffers": [], "state": {}, "calls": []}
+    if not out["module"]:
+        return out
+    out["modules"] = [str(name) for name, _ in got.named_modules()]
+    out["parameters"] = [str(name) for name, _ in got.named_parameters()]
+    out["buffers"] = [str(name) for name, _ in got.named_buffers()]
+    out["state"] = {str(k): _tensor_or_type(v) for k, v in got.state_dict().items()}
+    for args in calls:
+        out["calls"].append(module_calls(got, args))
+        if "raised" in out["calls"][-1]:
+            break
+    return out
 
 
 # ------------------------------------------------------------------------ export.onnx-parity

@@ -15,13 +15,16 @@ Everything drawn is read from what torch itself produced:
 - :func:`shape_verdict`, :func:`range_lines`, :func:`outside_ranges`, :func:`shape_explorer`:
   sliders over the sizes of an exported program's inputs, showing whether its guards accept
   them (the output's shape) or reject them (torch's own message), next to its
-  ``range_constraints``.
+  ``range_constraints``;
+- :func:`hierarchy_table`: a module tree as a table (the tree that ``torch.export.unflatten``
+  or the learner's ``unflatten`` rebuilt): each module, what it holds and what its graph runs.
 """
 
 from __future__ import annotations
 
 import html
 import inspect
+import operator
 from collections.abc import Callable
 
 import torch
@@ -681,3 +684,41 @@ def shape_explorer(
         broken.observe(show, names="value")
     show()
     return widgets.VBox([*sliders.values(), *([broken] if broken else []), out])
+
+
+# ----------------------------------------------------------------------------- module hierarchy
+def _runs(module: torch.nn.Module) -> str:
+    """What the graph of ``module`` runs, in order: each ``call_function`` node's op without
+    its namespace (``linear``, ``add.Tensor``; ``getitem`` left out) and each ``call_module``
+    node as ``call <target>``; "—" for a module without a graph of its own."""
+    graph = getattr(module, "graph", None)
+    if not isinstance(graph, torch.fx.Graph):
+        return "—"
+    steps = []
+    for node in graph.nodes:
+        if node.op == "call_module":
+            steps.append(f"call {node.target}")
+        elif node.op == "call_function" and node.target is not operator.getitem:
+            steps.append(op_name(node).removeprefix("aten.").removesuffix(".default"))
+    return ", ".join(steps) or "nothing"
+
+
+def hierarchy_table(module: torch.nn.Module, *, caption: str = ""):
+    """A table of ``module``'s tree, one row per ``named_modules()`` entry in that order: the
+    module (indented by depth, the root as ``(root)``), its type's name, the parameters and
+    buffers it holds itself (name and shape), and what its own graph runs (:func:`_runs`), as
+    ``torch.export.unflatten`` (``torch/export/unflatten.py: InterpreterModule``) or the
+    learner's ``unflatten`` (export.unflatten) rebuilt it. Returns a
+    :class:`grader.kernel.display.Table`."""
+    from grader.kernel.display import table
+
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"expected a torch.nn.Module, got {type(module).__name__}")
+    rows = []
+    for name, sub in module.named_modules():
+        depth = name.count(".") + 1 if name else 0
+        label = "  " * depth + (name.rpartition(".")[2] if name else "(root)")
+        own = [*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False)]
+        holds = ", ".join(f"{n} {_shape(t)}" for n, t in own) or "—"
+        rows.append([label, type(sub).__name__, holds, _runs(sub)])
+    return table(rows, ["module", "type", "holds", "its graph runs"], caption=caption)

@@ -95,3 +95,37 @@ def test_ready_order_as_the_reverse_of_the_forward_calls_fails_on_a_layer_run_tw
 def test_wrong_answers_fail_on_hidden_cases(flaw, phrase):
     v = assert_rejected(EX, flawed(flaw), phrase)
     assert v.message.startswith("hidden check 2/2"), v.message
+
+
+def assigned_by_ddp(model, sample, bucket_cap_mb=None):
+    """Asks DDP's own bucket assignment (the function the Reducer's first buckets come from),
+    then answers as the reference does."""
+    import torch.distributed as dist
+
+    dist._compute_bucket_assignment_by_size([p for p in model.parameters()], [1 << 20])
+    return flawed("")(model, sample, bucket_cap_mb)
+
+
+def wrapped_in_ddp(model, sample, bucket_cap_mb=None):
+    """Wraps the model in DDP on a one-rank process group (no process started) to read its
+    buckets, then answers as the reference does."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        DistributedDataParallel(model)
+    finally:
+        dist.destroy_process_group()
+    return flawed("")(model, sample, bucket_cap_mb)
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (assigned_by_ddp, "your answer ran torch/_C/_distributed_c10d: "
+                      "_compute_bucket_assignment_by_size"),
+    (wrapped_in_ddp, "your answer ran torch/nn/parallel/distributed.py: "),
+])
+def test_answers_that_run_ddp_fail(answer, phrase):
+    v = assert_rejected(EX, answer, phrase)
+    assert v.message.startswith("check 1/2"), v.message

@@ -25,8 +25,10 @@ def flawed(flaw):
             if current[i].is_shard() and current[i] != dst[i]:
                 d, k = current[i].dim, mesh.size(i)
                 inp = along(local, d)
+                world = flaw == "gathers on the world's group"
+                k = dist.get_world_size() if world else k
                 out = inp.new_empty((k * inp.shape[0], *inp.shape[1:]))
-                dist.all_gather_single(out, inp, group=mesh.get_group(i))
+                dist.all_gather_single(out, inp, group=None if world else mesh.get_group(i))
                 local, current[i] = out.movedim(0, d), Replicate()
         for i in range(mesh.ndim):
             if current[i].is_partial():
@@ -76,13 +78,26 @@ def dtensors_own(local, mesh, src, dst):
     return DTensor.from_local(local, mesh, src, run_check=False).redistribute(mesh, dst).to_local()
 
 
+def planned_by_dtensor(local, mesh, src, dst):
+    """Asks DTensor's planner for the steps, then runs the collectives itself (here: the
+    reference's): the plan is the part the exercise asks for."""
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+    from torch.distributed.tensor._redistribute import _gen_transform_infos
+
+    meta = TensorMeta(local.shape, local.stride(), local.dtype)
+    _gen_transform_infos(DTensorSpec(mesh, src, meta), DTensorSpec(mesh, dst, meta))
+    return flawed("")(local, mesh, src, dst)
+
+
 @pytest.mark.parametrize("answer, phrase", [
     (flawed("sums gathered partials"),
      "you issued 1 all_gather; DTensor's redistribute issues 1 all_reduce"),
     (wrapped_in_a_dtensor,
      "the value redistribute returned has type DTensor, a subclass of Tensor"),
-    (dtensors_own, "DTensor's own code issued a collective (torch/distributed/tensor/"),
-    (through_the_full_tensor, "DTensor's own code issued a collective"),
+    (dtensors_own, "your answer ran torch/distributed/tensor/_redistribute.py: "),
+    (through_the_full_tensor, "your answer ran torch/distributed/tensor/_redistribute.py: "),
+    (planned_by_dtensor, "your answer ran torch/distributed/tensor/_redistribute.py: "
+                         "_gen_transform_infos"),
 ])
 def test_wrong_answers_fail(answer, phrase):
     v = assert_rejected(EX, answer, phrase)
@@ -109,3 +124,12 @@ def test_wrong_answers_fail_on_a_two_dimensional_mesh(flaw, phrase, where):
     v = assert_rejected(EX, flawed(flaw), phrase)
     assert v.message.startswith(where), v.message
     assert "your local tensor differs from DTensor's" in v.message, v.message
+
+
+def test_a_collective_on_the_worlds_group_names_the_groups():
+    v = assert_rejected(EX, flawed("gathers on the world's group"),
+                        "your all_gather ran on the process group of ranks [0, 1, 2, 3] (the "
+                        "whole world); each step of a redistribution runs on one mesh "
+                        "dimension's group, and this rank's are dimension 0: [0, 2]; "
+                        "dimension 1: [0, 1] (mesh.get_group(dim))")
+    assert "for (S(0), S(1)) -> (R, R) on a mesh of shape (2, 2)" in v.message, v.message

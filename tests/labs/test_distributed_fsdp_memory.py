@@ -78,3 +78,39 @@ def test_shards_without_a_floor_at_zero_fail_where_torch_chunk_runs_out_first(re
 def test_counting_frozen_parameters_fails_on_a_hidden_case(ref):
     v = assert_rejected(EX, flawed(ref, "frozen parameters counted"), "with layers[1] frozen")
     assert v.message.startswith("hidden check 2/2") and "None)['grads'] is" in v.message
+
+
+def sharded_by_fsdp2(ref):
+    """Calls fully_shard itself (here on a model with no process group, where it fails at
+    once), then answers as the reference does."""
+    from torch.distributed.fsdp import fully_shard
+
+    def fsdp_memory(model, world_size, reshard_after_forward):
+        try:
+            fully_shard(model)
+        except Exception:  # noqa: BLE001  (a failed call is still a call)
+            pass
+        return ref(model, world_size, reshard_after_forward)
+
+    return fsdp_memory
+
+
+def measured_on_real_ranks(ref):
+    """Runs FSDP2 on real ranks (a process per rank) and reports what it measured (here: the
+    reference, after starting the world)."""
+    from labs.distributed import launch
+
+    def fsdp_memory(model, world_size, reshard_after_forward):
+        launch.run(int, 2)
+        return ref(model, world_size, reshard_after_forward)
+
+    return fsdp_memory
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (sharded_by_fsdp2, "your answer ran torch/distributed/_composable/contract.py"),
+    (measured_on_real_ranks, "your answer started a process"),
+])
+def test_answers_that_run_fsdp2_fail(ref, answer, phrase):
+    v = assert_rejected(EX, answer(ref), phrase)
+    assert v.message.startswith("check 1/2"), v.message

@@ -107,6 +107,31 @@ def test_echo_prints_each_ranks_output_prefixed_and_echo_false_prints_nothing(ca
     assert capsys.readouterr() == ("", "")
 
 
+def _warns():
+    import sys
+    import warnings
+
+    rank = dist.get_rank()
+    # (as warnings.showwarning prints it in a kernel; pytest records warnings instead)
+    sys.stderr.write(warnings.formatwarning("`old_api` is deprecated", FutureWarning,
+                                            "/x/c10d_logger.py", 83, "    return f()"))
+    # (the form torch's logging gives a record on a rank: tag, level, date, time, thread id)
+    print(f"[rank{rank}]:W1204 22:45:06.82600{rank} 32{rank}9 torch/_logging/_internal.py:1345] "
+          "CPU process group does not support alltoall yet", flush=True)
+    print(f"done {rank}")
+
+
+def test_a_warning_every_rank_prints_is_echoed_once_with_the_ranks_that_printed_it(capsys):
+    run(_warns, 3, timeout=5)
+    out = capsys.readouterr().out.splitlines()
+    warned = [line for line in out if "FutureWarning: `old_api` is deprecated" in line]
+    assert len(warned) == 1 and warned[0].startswith("[ranks 0-2] "), out
+    assert out.count("[ranks 0-2] W torch/_logging/_internal.py:1345] CPU process group does "
+                     "not support alltoall yet") == 1, out
+    assert [line for line in out if "done" in line] == [
+        "[rank 0] done 0", "[rank 1] done 1", "[rank 2] done 2"], out
+
+
 def test_two_runs_at_once_share_no_store_and_no_port():
     results, errors = {}, []
 

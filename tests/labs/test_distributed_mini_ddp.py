@@ -172,7 +172,7 @@ class CallbackOnce(MiniDDP):
                                "nothing overlapped")),
     (NeverResets, "backward 2 issued none; DDP issues one all_reduce per bucket: 2 here"),
     (ForwardOrder, "with parameters in reverse order, a bucket closing once it holds 0.004 MiB"),
-    (WrapsDDP, "MiniDDP wraps torch's DistributedDataParallel"),
+    (WrapsDDP, "your answer ran torch/nn/parallel/distributed.py: DistributedDataParallel"),
 ])
 def test_wrong_answers_fail(answer, phrase):
     v = assert_rejected(EX, answer, phrase)

@@ -106,10 +106,15 @@ def test_ring_explorer_follows_its_slider():
     first = out.value
     assert "initial" in first and "State 0 of 6" in first and "sent 0 chunks so far" in first
     assert len(re.findall(r'<td class="chunk"', first)) == 16 and "→" not in first
+    assert "outline" not in first
     slider.value = 3
     third = out.value
     assert "reduce-scatter step 3 of 3" in third and "sent 3 chunks so far" in third
-    assert third.count(viz.SEND_COLOUR) == 4 and third.count("→") == 4  # one sent chunk each
+    table = third.split("</table>")[0]
+    assert table.count("→") == 4 and table.count("←") == 4  # one sent, one received each
+    assert third.count(f"3px solid {viz.SEND_COLOUR}") == 4  # received, solid as in the figure
+    assert third.count(f"2px dashed {viz.SEND_COLOUR}") == 4  # sent
+    assert "solid" in third.split("</table>")[1] and "received this step" in third
     assert "2+3+0 → 1" in third and "Σ ← 3" in third  # rank 0 sends chunk 2, receives chunk 1
     assert re.search(r"<th>rank 0</th>.*?<td>3</td></tr>", third)
     slider.value = 6

@@ -17,6 +17,11 @@ def flawed(flaw):
     def interpret(ep, *args):
         if flaw == "runs ep.module()":
             return tuple(pytree.tree_leaves(ep.module()(*args)))
+        if flaw == "runs the graph module":  # (the lifted state passed in as inputs)
+            flat = [ep.state_dict[s.target] if s.target in ep.state_dict else
+                    ep.constants.get(s.target) for s in ep.graph_signature.input_specs
+                    if s.kind.name != "USER_INPUT"]
+            ep.graph_module(*flat, *args)
         sig = ep.graph_signature
         env, inputs, user_args = {}, {}, iter(args)
         placeholders = [node for node in ep.graph.nodes if node.op == "placeholder"]
@@ -67,7 +72,9 @@ def flawed(flaw):
     ("returns every output", ("interpret returned 3 values; the program has 2 user outputs "
                               "(USER_OUTPUT in ep.graph_signature.output_specs), in that order. "
                               "You returned every output of the graph")),
-    ("runs ep.module()", "ExportedProgram.module() is disabled while the check runs your answer"),
+    ("runs ep.module()", "your answer ran torch/export/exported_program.py: "
+                         "ExportedProgram.module"),
+    ("runs the graph module", "your answer ran torch/fx/graph_module.py: _WrappedCall.__call__"),
 ])
 def test_wrong_answers_fail(flaw, phrase):
     v = assert_rejected(EX, flawed(flaw), phrase)

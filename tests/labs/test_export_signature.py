@@ -100,18 +100,29 @@ def test_wrong_answers_fail_on_hidden_cases(flaw, phrase):
 
 
 def exports(model, args):
-    """Asks export itself (what the exercise forbids), catching the refusal."""
-    try:
-        ep = torch.export.export(model, args).run_decompositions()
-    except Exception:  # noqa: BLE001  (refused: answers from the reference instead)
-        return flawed(None)(model, args)
+    """Asks export itself (what the exercise forbids)."""
+    ep = torch.export.export(model, args).run_decompositions()
     sig = ep.graph_signature
     return {"inputs": [(s.kind.name, s.arg.name if s.kind.name == "USER_INPUT" else s.target)
                        for s in sig.input_specs],
             "outputs": [(s.kind.name, s.target) for s in sig.output_specs]}
 
 
-def test_exporting_fails_even_when_the_refusal_is_caught():
-    v = assert_rejected(EX, exports, "predict_signature must not export: torch.export.export is "
-                                     "disabled while the check runs your answer")
+def lowered_by_aot_autograd(model, args):
+    """Reads the lifted inputs from AOTAutograd's export (the machinery under export), then
+    answers as the reference does."""
+    from torch._functorch.aot_autograd import aot_export_module
+
+    aot_export_module(copy.deepcopy(model), copy.deepcopy(args), trace_joint=False)
+    return flawed(None)(model, args)
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (exports, "your answer ran torch/export/"),
+    (lowered_by_aot_autograd, "your answer ran torch/_functorch/aot_autograd.py: "
+                              "aot_export_module"),
+])
+def test_running_export_itself_fails(answer, phrase):
+    v = assert_rejected(EX, answer, phrase)
     assert v.message.startswith("check 1/3"), v.message
+    assert "mechanism this exercise asks you to model" in v.message, v.message

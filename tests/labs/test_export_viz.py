@@ -390,3 +390,43 @@ def test_outside_ranges_and_the_explorers_note_for_what_no_guard_checks(window):
     shown = box.children[-1].value
     assert ("accepted: output shape (0, 7, 8)" in shown) == accepted
     assert (f"note: {batch} = 0 not in [1, 64]" in shown) == accepted
+
+
+# ------------------------------------------------------------------ hierarchy_table
+def test_hierarchy_table_lists_each_module_what_it_holds_and_what_its_graph_runs():
+    """torch.export.unflatten's tree of models.Deep, row for row: every module in
+    named_modules() order, indented by depth; its own parameters and buffers with their shapes;
+    its graph's calls and ops in order (getitem left out): "nothing" for the ModuleList
+    ``stages``, which torch gives an empty graph, "—" for a module without a graph."""
+    torch.manual_seed(0)
+    model = models.Deep(5, 2, 3)
+    x = torch.randn(4, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tree = torch.export.unflatten(_export(model, (x, x.clone())))
+    t = viz.hierarchy_table(tree, caption="deep")
+    assert t.caption == "deep" and t.header == ["module", "type", "holds", "its graph runs"]
+    names = [name for name, _ in tree.named_modules()]
+    assert len(t.rows) == len(names)
+    rows = dict(zip(names, t.rows))
+    assert rows[""][:2] == ["(root)", "UnflattenedModule"]
+    assert rows[""][3] == "call stages.0, call stages.1, call out"
+    assert rows["stages"] == ["  stages", "InterpreterModule", "—", "nothing"]
+    assert rows["stages.0.mix"][0] == "      mix"
+    assert rows["stages.0.mix"][3] == "call proj, sigmoid, mul.Tensor, tanh, add.Tensor"
+    assert rows["stages.0.mix.proj"][2] == "weight (5, 5), bias (5,)"
+    assert rows["stages.0.norm"][2] == "gain (5,), mean (5,), std (5,)"
+    assert rows["stages.0.centre"][2:] == ["—", "mean.dim, sub.Tensor"]
+    lines = repr(t).splitlines()  # (caption, header, rule, then the rows)
+    assert lines[0] == "deep" and lines[1].split("  ")[0] == "module"
+    assert lines[3 + names.index("stages.0.norm")].split() == ["norm", "InterpreterModule", "gain", "(5,),",
+                                               "mean", "(5,),", "std", "(5,)", "sub.Tensor,",
+                                               "div.Tensor,", "mul.Tensor"]
+    assert "<table" in t._repr_html_()
+    plain = viz.hierarchy_table(nn.Sequential(nn.Linear(2, 2)))  # no graph anywhere
+    assert [row[3] for row in plain.rows] == ["—", "—"]
+
+
+def test_hierarchy_table_refuses_what_is_not_a_module():
+    with pytest.raises(TypeError, match="expected a torch.nn.Module, got ExportedProgram"):
+        viz.hierarchy_table(_export(models.Centre(), (torch.randn(2, 3),)))

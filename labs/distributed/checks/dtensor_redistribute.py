@@ -9,7 +9,9 @@ all_reduce, reduce_scatter, all_to_all, broadcast, whatever API issued them). Fo
 meshes (4,) and (2, 2), 2-D tensors whose sharded sizes divide evenly. The answer runs on ranks
 the kernel starts (the probe :func:`labs.distributed.probes.redistribute`, which reports what
 each rank's call returned and issued); the judge runs DTensor on ranks of its own, from the same
-inputs (:func:`labs.distributed.probes.dtensor_source`).
+inputs (:func:`labs.distributed.probes.dtensor_source`). An answer that runs DTensor's own
+redistribution (its planner, its placements' transforms: ``models`` in the lab table) fails,
+whatever it returns.
 (torch/distributed/tensor/_redistribute.py: redistribute_local_tensor, _gen_transform_infos;
 torch/distributed/tensor/placement_types.py: Shard._to_replicate_tensor, Partial._reduce_value,
 Partial._reduce_shard_value.)"""
@@ -83,15 +85,39 @@ def _judge(redistribute, seed: int, cases: dict, shape: list) -> None:
     for i, (mesh_shape, src, dst) in enumerate(flat):
         for rank in range(4):
             what = dtensor_case(src, dst, mesh_shape, shape, rank)
-            _check_case(ranks[rank][i], wanted[rank][i], what)
+            _check_case(ranks[rank][i], wanted[rank][i], what, mesh_shape, rank)
 
 
-def _check_case(mine: dict, oracle: dict, what: str) -> None:
-    if mine["issued"]:
-        raise CheckFailure(
-            f"for {what}, DTensor's own code issued a collective ({mine['issued']}): "
-            "redistribute the local tensor yourself, with collectives on the groups of "
-            "the mesh's dimensions.")
+def mesh_groups(mesh_shape: list, rank: int) -> list[list[int]]:
+    """The global ranks of each mesh dimension's group that ``rank`` belongs to, on a mesh of
+    ``mesh_shape`` laid out row-major over ranks 0..n-1 (what ``init_device_mesh`` builds:
+    torch/distributed/device_mesh.py: DeviceMesh._init_process_groups)."""
+    grid = torch.arange(int(torch.tensor(mesh_shape).prod())).reshape(mesh_shape)
+    coord = [int(c) for c in (grid == rank).nonzero()[0]]
+    groups = []
+    for dim in range(len(mesh_shape)):
+        index = list(coord)
+        index[dim] = slice(None)
+        groups.append(grid[tuple(index)].tolist())
+    return groups
+
+
+def _check_groups(mine: dict, mesh_shape: list, rank: int, what: str) -> None:
+    """CheckFailure naming the first collective the answer ran on a group that is none of the
+    mesh dimensions' groups of ``rank``."""
+    groups = mesh_groups(mesh_shape, rank)
+    for kind, ranks in mine["groups"]:
+        if sorted(ranks) not in groups:
+            named = "; ".join(f"dimension {d}: {g}" for d, g in enumerate(groups))
+            whole = " (the whole world)" if len(ranks) == 4 else ""
+            raise CheckFailure(
+                f"for {what}, your {kind} ran on the process group of ranks {sorted(ranks)}"
+                f"{whole}; each step of a redistribution runs on one mesh dimension's group, "
+                f"and this rank's are {named} (mesh.get_group(dim)).")
+
+
+def _check_case(mine: dict, oracle: dict, what: str, mesh_shape: list, rank: int) -> None:
+    _check_groups(mine, mesh_shape, rank, what)
     got, want = mine["got"], oracle["want"]
     if got is None:
         why = ("a subclass of Tensor; return a plain Tensor" if mine["tensor"]

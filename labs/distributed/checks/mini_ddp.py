@@ -86,9 +86,6 @@ def _compare(MiniDDP, model: nn.Module, spec: dict, cap: float, p: int, g: torch
     y = torch.randn(12, linears[-1].out_features, generator=g)
     seen = MiniDDP.probe(probes.mini_ddp, spec, cap, p, x, y, STEPS, LR, LATE if late else 0.0)
     results = probes.ranks_of(seen)
-    if any(r.get("wraps_ddp") for r in results):
-        raise CheckFailure("MiniDDP wraps torch's DistributedDataParallel: build the buckets, "
-                           "hooks and all-reduces yourself.")
     if any(r["buckets"] is None for r in results):
         raise CheckFailure("MiniDDP(module, bucket_cap_mb).buckets must be a list of buckets, "
                            "each a list of the module's parameters.")

@@ -7,4 +7,5 @@ from labs.export.checks import (  # noqa: F401  (imported to register their chec
     mini_interpreter,
     onnx_parity,
     signature,
+    unflatten,
 )

@@ -1,0 +1,151 @@
+"""grader.kernel.modelled: an answer that runs the code its exercise models, or starts a process,
+is seen by the probe whatever it returns; the probe's own calls, imports, and answers that
+compute for themselves are not."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from grader.checks import ran_modelled
+from grader.kernel import probe
+from grader.kernel.modelled import observe
+
+FSDP = ("torch/distributed/fsdp/", "torch/distributed/_composable/")  # (fully_shard is
+# wrapped by torch/distributed/_composable/contract.py: contract)
+
+
+def _reply(answer, models, *args):
+    return probe.decode(probe.call(answer, None, args, {}, 0, models))
+
+
+def test_a_call_into_the_modelled_folder_is_reported_with_the_learners_line():
+    from torch.distributed.fsdp import fully_shard
+
+    def answer(n):
+        try:
+            fully_shard(None)
+        except Exception:  # noqa: BLE001  (a refusal caught does not hide the call)
+            pass
+        return n
+
+    ran = _reply(answer, FSDP, 3)["modelled"]
+    assert ran["where"].startswith("torch/distributed/_composable/contract.py: "), ran
+    assert ran["code"] == "fully_shard(None)" and not ran["start"], ran
+    message = ran_modelled(ran, FSDP)
+    assert "your answer ran torch/distributed/_composable/contract.py" in message, message
+    assert "mechanism this exercise asks you to model" in message, message
+
+
+def test_an_answer_that_computes_for_itself_passes_and_gets_its_value():
+    import torch
+
+    assert _reply(lambda n: torch.arange(n).sum().item(), FSDP, 4) == {"value": 6}
+
+
+def test_a_qualified_name_pattern_picks_functions_of_a_file():
+    from torch.distributed.tensor import Replicate, Shard
+
+    models = ("torch/distributed/tensor/placement_types.py:*._[!_]*",)
+    assert "value" in _reply(lambda: Shard(0).is_shard() and Replicate().is_replicate(), models)
+    import torch
+
+    def splits():
+        return len(Shard(0)._split_tensor(torch.arange(4.0), 2)[0])
+
+    assert _reply(splits, models)["modelled"]["where"].endswith("Shard._split_tensor")
+
+
+def test_a_function_written_in_c_is_named_by_module_and_name():
+    import torch.distributed as dist
+
+    models = ("torch/_C/_distributed_c10d:_compute_bucket_*",)
+
+    def buckets():
+        import torch
+
+        return dist._compute_bucket_assignment_by_size([torch.zeros(4)], [1 << 20])[0]
+
+    ran = _reply(buckets, models)["modelled"]
+    assert ran["where"] == "torch/_C/_distributed_c10d: _compute_bucket_assignment_by_size", ran
+
+
+def test_importing_the_modelled_code_is_not_running_it():
+    sys.modules.pop("torch.distributed.fsdp._fully_shard._fsdp_init", None)
+
+    def imports():
+        import torch.distributed.fsdp._fully_shard._fsdp_init  # noqa: F401
+        return 1
+
+    assert _reply(imports, FSDP) == {"value": 1}
+
+
+def test_what_the_probe_calls_itself_is_not_the_answers():
+    """The probe's own frames (and whatever called the probe) are not the learner's code."""
+    from torch.distributed.fsdp import fully_shard
+
+    with observe(FSDP, sys._getframe()) as seen:
+        try:
+            fully_shard(None)
+        except Exception:  # noqa: BLE001
+            pass
+    assert seen["ran"] is None
+
+
+def test_starting_a_process_is_reported():
+    def answer():
+        return subprocess.run(["true"]).returncode
+
+    ran = _reply(answer, FSDP)["modelled"]
+    assert ran["start"] and "subprocess.py" in ran["where"], ran
+    assert "your answer started a process" in ran_modelled(ran, FSDP)
+
+
+def test_a_forked_child_reports_its_calls_through_the_shared_file():
+    """A rank the probe forks runs the answer there: what it ran comes back to the parent."""
+    from torch.distributed.fsdp import fully_shard
+
+    def answer():
+        try:
+            fully_shard(None)
+        except Exception:  # noqa: BLE001
+            pass
+
+    with observe(FSDP, sys._getframe()) as seen:
+        pid = os.fork()  # (the probe's fork: this frame is the probe's)
+        if pid == 0:
+            answer()
+            os._exit(0)
+        os.waitpid(pid, 0)
+    assert seen["ran"]["code"] == "fully_shard(None)", seen
+
+
+def test_an_answer_that_removes_the_profiler_does_not_pass_and_the_old_one_is_back():
+    def mine(frame, event, arg):
+        pass
+
+    sys.setprofile(mine)
+    try:
+        ran = _reply(lambda: sys.setprofile(None), FSDP)["modelled"]
+        assert sys.getprofile() is mine
+    finally:
+        sys.setprofile(None)
+    assert "removed the profiler" in ran_modelled(ran, FSDP)
+
+
+def test_no_patterns_observe_nothing():
+    assert _reply(lambda: subprocess.run(["true"]).returncode, ()) == {"value": 0}
+
+
+@pytest.mark.parametrize("field", [["ok", 3], "torch/export/", [""]])
+def test_a_malformed_models_field_is_refused(tmp_path, monkeypatch, field):
+    from grader import labs
+
+    table = tmp_path / "demo" / "lab.toml"
+    table.parent.mkdir()
+    table.write_text('id = "demo"\ntitle = "t"\nnotebook = "99_demo"\n[[exercises]]\n'
+                     f'id = "demo.x"\ntitle = "x"\nanswer = "x"\npoints = 1\n'
+                     f"models = {field!r}\n".replace("'", '"'))
+    monkeypatch.setattr(labs, "_tables", lambda: {"demo": table})
+    with pytest.raises(labs.GraderError, match="malformed lab table"):
+        labs.load_lab("demo")

@@ -13,8 +13,10 @@ torch/_inductor/codegen/cpp_wrapper_cpu.py: generate_input_output_runtime_checks
 package compiled for batch 4 runs at batch 7 and returns wrong rows, or reads past its input at
 batch 1. The checks run the loaded model with it set, so such a package raises a RuntimeError
 that names the size it was compiled for, and a batch outside the exported range is refused.
-Those checks refuse sizes 0 and 1 of any dynamic dimension (export's ``[2, ...]`` lower bound)
-unless the package is compiled with ``aot_inductor.check_lowerbound=False``: the answer is
+Those checks refuse sizes 0 and 1 of any dynamic dimension, even one exported with
+``Dim(min=1)`` (Inductor's shape environment starts a dynamic size at 2:
+torch/fx/experimental/symbolic_shapes.py: ShapeEnv._default_value_range), unless the package
+is compiled with ``aot_inductor.check_lowerbound=False``: the answer is
 called with that inductor setting, so that batch 1 can run.
 
 A package is native code the learner's kernel built: it is loaded and run there only, by the

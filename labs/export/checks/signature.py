@@ -6,10 +6,14 @@ functional Core ATen program, where every mutation is an output), as ``{"inputs"
 (target: the fully qualified name, ``InputSpec.target``) and ``"USER_INPUT"`` (target: the
 placeholder's name, ``InputSpec.arg.name``, i.e. forward's argument name); outputs
 ``"BUFFER_MUTATION"`` (the buffer's name), ``"USER_INPUT_MUTATION"`` (the input's name) and
-``"USER_OUTPUT"`` (``None``). Buffers and constants are compared as a set, sorted by name: export
-lists them module by module in an order that depends on how ``run_decompositions`` retraces the
-program, which is not what this exercise teaches. The oracle is export itself, run by the judge on
-its own copy of the model; the answer runs in the kernel (the probe
+``"USER_OUTPUT"`` (``None``). Buffers and constants are compared as a set, sorted by name:
+``export`` lists all the buffers, then the constants in the order the graph first reads them
+(torch/_export/passes/lift_constants_pass.py: lift_constants_pass), but ``run_decompositions``
+retraces ``ep.module()`` with each constant registered as a buffer of its module
+(torch/_export/utils.py: _register_constants_as_buffers), so the decomposed program lists them
+module by module, interleaved (the notebook's cell ``s1-order`` shows both); parameters stay
+first and user inputs last. That order is not what this exercise teaches. The oracle is export
+itself, run by the judge on its own copy of the model; the answer runs in the kernel (the probe
 :func:`labs.export.probes.signatures`, which builds the same models from plain specs), where
 an answer that runs export's own code (``models`` in the lab table: torch/export/, torch/_export/,
 Dynamo's export, AOTAutograd) fails, whatever it returns.

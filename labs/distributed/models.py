@@ -99,6 +99,11 @@ def build(spec: dict) -> nn.Module:
         model = Reused(int(spec["width"]), g)
     elif kind == "stack":
         model = Stack(list(spec["widths"]), int(spec["out"]))
+        with torch.no_grad():  # (N(0, 1 / fan_in) weights, N(0, 0.1**2) biases)
+            for layer in [*model.layers, model.head]:
+                layer.weight.copy_(torch.randn(layer.weight.shape, generator=g)
+                                   / layer.in_features ** 0.5)
+                layer.bias.copy_(torch.randn(layer.bias.shape, generator=g) * 0.1)
     else:
         raise ValueError(f"no model kind {kind!r}")
     if spec.get("state") is not None:

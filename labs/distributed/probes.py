@@ -11,6 +11,7 @@ ranks of their own, and decide. Nothing here knows a right answer.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 from dataclasses import dataclass
@@ -371,3 +372,220 @@ def mini_ddp(answer, spec: dict, cap: float, world_size: int, x: torch.Tensor,
     """``answer`` (the MiniDDP class) trained on ``world_size`` ranks (:func:`_ddp_rank`):
     ``{"ranks": [what each rank observed]}``, or ``{"failure": message}``."""
     return _ranks(_ddp_rank, world_size, answer, spec, cap, x, y, steps, lr, late)
+
+
+# ------------------------------------------------------------------- distributed.mini-fsdp
+def _storages(skip: set[int]) -> dict[int, list]:
+    """The tensor storages alive in this process, except those at the addresses in ``skip``:
+    address -> [the largest tensor found on it, the storage's bytes]. Found through the garbage
+    collector (every tensor object alive, wherever it is referenced from: a module, a closure, a
+    hook), with the ``.grad`` of each leaf; a storage resized to 0 bytes holds nothing."""
+    kinds, more = set(), [torch.Tensor]
+    while more:  # (torch.Tensor and its subclasses, defined so far)
+        kind = more.pop()
+        kinds.add(kind)
+        more += kind.__subclasses__()
+    found: dict[int, list] = {}
+    for obj in gc.get_objects():
+        if type(obj) not in kinds:
+            continue
+        try:
+            for t in (obj, obj.grad if obj.is_leaf else None):
+                if t is None:
+                    continue
+                storage = t.untyped_storage()
+                at, nbytes = storage.data_ptr(), storage.nbytes()
+                if nbytes and at not in skip and (at not in found
+                                                  or t.numel() > found[at][0].numel()):
+                    found[at] = [t, nbytes]
+        except (RuntimeError, NotImplementedError, TypeError):  # (no storage: sparse, subclass)
+            continue
+    return found
+
+
+def _address(t) -> int | None:
+    return t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) else None
+
+
+#: a collective's Work holds its tensors a moment after the call has returned (gloo's worker
+#: thread drops it after waking the caller), and a reference cycle until the garbage collector
+#: runs: where :func:`_alive` finds tensors besides the shard and its gradient, it collects and
+#: looks again ALIVE_WAIT seconds later, until it finds the same twice (at most ALIVE_TRIES
+#: looks)
+ALIVE_TRIES, ALIVE_WAIT = 10, 0.2
+
+
+def _alive(fsdp, skip: set[int]) -> list[list]:
+    """What :func:`_storages` finds beyond ``skip``, as ``[role, dtype, shape, bytes]`` rows:
+    role ``"shard"`` (the storage of ``fsdp.shard``), ``"grad"`` (of ``fsdp.shard.grad``) or
+    ``"other"``; shape that of the largest tensor seen on the storage; bytes the storage's."""
+    shard = getattr(fsdp, "shard", None)
+    roles = {_address(shard): "shard"}
+    if isinstance(shard, torch.Tensor) and shard.grad is not None:
+        roles[_address(shard.grad)] = "grad"
+
+    def others(rows: list[list]) -> list[list]:
+        return sorted(row for row in rows if row[0] == "other")
+
+    rows = []
+    for _ in range(ALIVE_TRIES):
+        before, rows = rows, [[roles.get(at, "other"), str(t.dtype).removeprefix("torch."),
+                               list(t.shape), nbytes]
+                              for at, (t, nbytes) in _storages(skip).items()]
+        if not others(rows) or (before and others(rows) == others(before)):
+            break  # (nothing besides the shard and its gradient, or the same twice)
+        time.sleep(ALIVE_WAIT)
+        gc.collect()  # (and what only a reference cycle still holds is freed)
+    return rows
+
+
+def _fsdp_built(MiniFSDP, spec: dict) -> dict:
+    """On every rank: ``MiniFSDP(model)`` of a model built from ``spec``; ``{"type": the type
+    of its ``shard``, "shard": a copy of it (None when not a tensor), "alive": the tensors this
+    rank holds besides what it held before building the model (:func:`_alive`)}``."""
+    keep = _storages(set())  # (kept alive, so that no new storage takes one of their addresses)
+    fsdp = MiniFSDP(build(spec))
+    alive = _alive(fsdp, set(keep))
+    shard = getattr(fsdp, "shard", None)
+    return {"type": type(shard).__name__, "alive": alive,
+            "shard": shard.detach().clone() if isinstance(shard, torch.Tensor) else None}
+
+
+def _fsdp_trained(MiniFSDP, spec: dict, x: torch.Tensor, y: torch.Tensor, steps: int,
+                  lr: float) -> dict:
+    """On every rank: ``steps`` steps of SGD (``lr``, MSE loss) on ``MiniFSDP(model).shard``
+    with this rank's slice of (x, y). ``{"steps": [{"forward", "backward": the collectives
+    issued in forward and in backward, by kind, "grad": a copy of ``shard.grad`` after backward
+    (None when it is None), "alive": the tensors this rank holds then (:func:`_alive`: the
+    output and the loss freed)}, ...]}``, ending early at a step whose ``shard.grad`` is None."""
+    from torch import nn
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    xs, ys = x.chunk(p)[rank], y.chunk(p)[rank]
+    keep = _storages(set())
+    skip = set(keep)
+    fsdp = MiniFSDP(build(spec))
+    seen = []
+    for _ in range(steps):
+        with CommLog() as forward:
+            out = fsdp(xs)
+        loss = nn.functional.mse_loss(out, ys)
+        with CommLog() as backward:
+            loss.backward()
+        del out, loss  # (and with them the autograd graph)
+        step = {"forward": forward.counts(), "backward": backward.counts(),
+                "alive": _alive(fsdp, skip), "grad": None}
+        seen.append(step)
+        if fsdp.shard.grad is None:
+            break
+        step["grad"] = fsdp.shard.grad.detach().clone()
+        skip.add(_address(step["grad"]))
+        with torch.no_grad():  # (torch.optim.SGD's step, without importing what it imports)
+            fsdp.shard -= lr * fsdp.shard.grad
+        fsdp.shard.grad = None
+    return {"steps": seen}
+
+
+@probe
+def mini_fsdp(answer, spec: dict, world_size: int, x: torch.Tensor, y: torch.Tensor,
+              steps: int, lr: float) -> dict:
+    """``answer`` (the MiniFSDP class) on ``world_size`` ranks, twice: built
+    (:func:`_fsdp_built`), then trained (:func:`_fsdp_trained`), each a reply of
+    :func:`_ranks`, as ``{"built": ..., "trained": ...}`` (no ``trained`` where building
+    failed). Two worlds, so that what the ranks built is seen even where training cannot run."""
+    built = _ranks(_fsdp_built, world_size, answer, spec)
+    if "ranks" not in built:
+        return {"built": built}
+    return {"built": built, "trained": _ranks(_fsdp_trained, world_size, answer, spec, x, y,
+                                              steps, lr)}
+
+
+# ------------------------------------------------------------------- distributed.comm-hook
+class _AllReduced(CommLog):
+    """A CommLog that also notes the dtype of every tensor an all-reduce is handed."""
+
+    def __init__(self):
+        super().__init__()
+        self.dtypes: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace in ("c10d", "_c10d_functional") and \
+                KINDS.get(func._opname) == "all_reduce":
+            self.dtypes += [str(t.dtype) for a in args
+                            for t in (a if isinstance(a, (list, tuple)) else [a])
+                            if isinstance(t, torch.Tensor)]
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+def accumulate(hook, spec: dict, cap: float, x: torch.Tensor, y: torch.Tensor, lr: float,
+               state: str, as_view: bool, late: float) -> dict:
+    """On every rank: ``DistributedDataParallel(build(spec), bucket_cap_mb=cap,
+    gradient_as_bucket_view=as_view)`` with ``hook`` registered as its comm hook (None: DDP's
+    own all-reduce; ``state`` "none" registers it with ``None``, "world" with
+    ``dist.group.WORLD``), trained with SGD (``lr``, MSE loss) and gradient accumulation.
+    ``x``: (steps, k, p * b, in) float32, ``y``: (steps, k, p * b, out): step ``s`` runs ``k``
+    micro-batches, each on this rank's chunk of ``x[s, m]``, the first ``k - 1`` backwards
+    under ``ddp.no_sync()`` and the last synced, then one SGD step. With ``late`` (s) the last
+    rank starts its first synced backward that late.
+
+    Returns ``{"backwards": [one per backward, in order: {"synced": bool, "calls": [the bucket
+    index of each hook call], "seconds": [how long each call took, s], "values": [[dtype, shape]
+    of each returned future's value, or [type name, None]], "comms": [[kind, bytes] of each
+    c10d op], "dtypes": [the dtype of each all-reduced tensor], "grads": the .grads of the
+    parameters that require grad, flattened (float32), after a synced backward, else None}]}``.
+    (torch/nn/parallel/distributed.py: DistributedDataParallel.no_sync, register_comm_hook.)"""
+    from torch import nn
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    model = build(spec)
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap,
+                                              gradient_as_bucket_view=as_view)
+    calls, seconds, futures = [], [], []
+    if hook is not None:
+        def counted(process_group, bucket):  # (DDP asks for a parameter named `bucket`,
+            # unannotated or annotated dist.GradBucket: this module's annotations are text)
+            start = time.perf_counter()
+            future = hook(process_group, bucket)
+            seconds.append(time.perf_counter() - start)
+            calls.append(bucket.index())
+            futures.append(future)
+            return future
+
+        ddp.register_comm_hook(dist.group.WORLD if state == "world" else None, counted)
+    trainable = [q for q in model.parameters() if q.requires_grad]
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    seen, steps, k = [], x.shape[0], x.shape[1]
+    for s in range(steps):
+        opt.zero_grad()
+        for m in range(k):
+            synced = m == k - 1
+            calls.clear(), seconds.clear(), futures.clear()
+            xs, ys = x[s, m].chunk(p)[rank], y[s, m].chunk(p)[rank]
+            with contextlib.nullcontext() if synced else ddp.no_sync():
+                loss = nn.functional.mse_loss(ddp(xs), ys)
+            if late and synced and s == 0 and rank == p - 1:
+                time.sleep(late)
+            with _AllReduced() as log:
+                loss.backward()
+            values = []
+            for f in futures:
+                # (what .then() returns is a torch._C.Future, torch.futures.Future's base)
+                v = f.value() if isinstance(f, torch._C.Future) and f.done() else f
+                values.append([str(v.dtype), list(v.shape)] if isinstance(v, torch.Tensor)
+                              else [type(v).__name__, None])
+            seen.append({"synced": synced, "calls": list(calls), "seconds": list(seconds),
+                         "values": values, "comms": [[c.kind, c.bytes] for c in log.comms],
+                         "dtypes": log.dtypes, "grads": torch.cat(
+                             [q.grad.detach().reshape(-1).float() for q in trainable])
+                         if synced and all(q.grad is not None for q in trainable) else None})
+        opt.step()
+    return {"backwards": seen}
+
+
+@probe
+def comm_hook(answer, spec: dict, cap: float, world_size: int, x: torch.Tensor,
+              y: torch.Tensor, lr: float, state: str, as_view: bool, late: float) -> dict:
+    """``answer`` (a comm hook) registered with real DDP on ``world_size`` ranks and trained with
+    gradient accumulation (:func:`accumulate`): ``{"ranks": [what each rank observed]}``, or
+    ``{"failure": message}``."""
+    return _ranks(accumulate, world_size, answer, spec, cap, x, y, lr, state, as_view, late)

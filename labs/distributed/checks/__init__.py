@@ -4,9 +4,12 @@ They are judges: the answer runs in the learner's kernel, on ranks the probes of
 :func:`labs.distributed.launch.run`) to run torch's collectives, DDP, FSDP2 and DTensor."""
 from labs.distributed.checks import (  # noqa: F401  (imported to register their checks)
     collective_cost,
+    comm_hook,
     ddp_buckets,
     dtensor_redistribute,
+    flight_recorder,
     fsdp_memory,
     mini_ddp,
+    mini_fsdp,
     ring_allreduce,
 )

@@ -3,7 +3,10 @@ process, each case once: started ahead by the lab's ``@ahead`` functions while t
 runs the notebook (:func:`grader.checks.ahead`), or by the check that needs it first. A world
 is :func:`labs.distributed.launch.run`, with ``echo=False`` and ``clean=True`` (forked from a
 server process, not from this one, whose other threads run torch while a world starts); its ranks
-die with the process."""
+die with the process. A world gets copies of the tensors it is given: multiprocessing pickles a
+forkserver process's arguments with torch's reductions, which move a tensor's storage into shared
+memory in place (``share_memory_``), and the caller's tensor may be in use in its own thread at
+that moment (encoded for the probe: it would read memory freed under it)."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -34,6 +37,17 @@ def _key(value) -> str:
     return repr(value)
 
 
+def _copies(value):
+    """``value`` with every tensor in it (in dicts, lists and tuples) replaced by a copy."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _copies(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(map(_copies, value))
+    return value
+
+
 def _serve() -> None:
     while True:
         future, fn, world_size, args = _QUEUE.get()
@@ -61,5 +75,5 @@ def oracle(fn, world_size: int, *args) -> concurrent.futures.Future:
         found = _STARTED.get(key)
         if found is None or (found.done() and found.exception() is not None):
             found = _STARTED[key] = concurrent.futures.Future()
-            _QUEUE.put((found, fn, world_size, args))
+            _QUEUE.put((found, fn, world_size, _copies(args)))
         return found

@@ -20,7 +20,7 @@ A dump's ``pg_status`` gives each group's ``last_enqueued_collective`` (exact: s
 enqueues); whether an entry is ``retired`` and ``last_completed_collective`` are set by the
 work's completion, a moment after the call returns, so a dump taken then can still show a
 finished collective as pending: the answer is about what was enqueued. Public: 3 ranks, one
-group. Hidden (seeded): 4 ranks with two subgroups, a rank stuck before a subgroup's
+group, its dumps whole and cut to each rank's last 2 entries. Hidden (seeded): 4 ranks with two subgroups, a rank stuck before a subgroup's
 collective, and dumps of a recorder whose ring buffer kept only the last entries (entries do
 not start at seq 1, and a rank's older entries of a group may be gone while ``pg_status`` still
 counts them: the judge keeps each rank's last ones, as a small ``TORCH_FR_BUFFER_SIZE`` would).
@@ -128,7 +128,9 @@ def _shaped(seed: int, groups: list, ops: list[int], stuck: int, stop: int,
 def cases(seed: int, hidden: bool) -> list[tuple[dict, str]]:
     """(spec, what) of the public or the hidden check's jobs."""
     if not hidden:
-        return [(_spec(seed, 3, 1, None), "3 ranks, one group")]
+        return [(_spec(seed, 3, 1, None), "3 ranks, one group"),
+                (_spec(seed, 3, 1, 2), "the same job, dumps of a recorder that kept only the "
+                                       "last 2 entries of each rank")]
     return [
         (_spec(seed + 1, 4, 3, None), "4 ranks, a group of all and two subgroups"),
         # rank 2 stops before a collective of its subgroup [1, 2]: rank 1 waits there, the
@@ -233,7 +235,7 @@ def _jobs_ahead(seed: int) -> None:
 
 @check(EXERCISE)
 def one_group(diagnose, ctx):
-    """the collective a 3-rank job hung in, from its ranks' flight recorder dumps"""
+    """the collective a 3-rank job hung in, from its ranks' dumps, whole and cut short"""
     _judge(diagnose, ctx.seed, hidden=False)
 
 

@@ -140,7 +140,10 @@ def _check_built(built: list[dict], real: list[dict], numel: int, what: str) -> 
                f"({want[0] * p:,} here), so that every rank's shard has ceil(numel / p) "
                "elements; all_gather and reduce_scatter need equal sizes on every rank "
                "(FlatParamHandle._get_shard pads each chunk to the first one's size)."
-               if sum(sizes) == numel else "")
+               if sum(sizes) == numel else
+               " Are frozen parameters (requires_grad=False) in it? Every parameter of "
+               "module.parameters() goes into the flat parameter, frozen ones too."
+               if sum(sizes) < numel else "")
         raise CheckFailure(
             f"for {what}, the ranks' shards hold {sizes} elements (rank 0, 1, ...); FSDP1's "
             f"FlatParameter, sharded on {p} ranks, holds {want}.{why}")

@@ -309,17 +309,24 @@ class AnswerRaised(Exception):
 
 
 def ran_modelled(record: dict, models: tuple[str, ...]) -> str:
-    """What a learner reads when the answer ran the mechanism its exercise models, or started a
-    process (``record``: :func:`grader.kernel.modelled.observe`'s)."""
+    """What a learner reads when the answer ran the mechanism its exercise models, is that
+    mechanism, blinded the profiler, or started a process (``record``:
+    :func:`grader.kernel.modelled.observe`'s or :func:`~grader.kernel.modelled.answered_by`'s)."""
     at = f" (line {record.get('line')} of your cell" + (
         f": `{record.get('code')}`)" if record.get("code") else ")")
-    if record.get("where") == "sys.setprofile":
-        return ("your answer removed the profiler the check runs it under (sys.setprofile): "
-                "the check cannot see what it ran, so it does not pass.")
-    if record.get("start"):
+    kind = record.get("kind")
+    if kind == "blind":
+        what = "" if record.get("where") == "sys.setprofile" else f" ({record.get('where')})"
+        return (f"your answer switched off or went around the profiler the check runs it under"
+                f"{what}{at if record.get('line') else ''}: the check cannot see what it ran, "
+                "so it does not pass.")
+    if kind == "start":
         return (f"your answer started a process ({record.get('where')}){at}: compute the "
                 "answer here, in this process, from what you are given; a mechanism run "
                 "elsewhere is not one you built.")
+    if kind == "answer":
+        return (f"your answer is {record.get('where')}, PyTorch's own code for the mechanism "
+                "this exercise asks you to model (or built on it): write your own.")
     return (f"your answer ran {record.get('where')}{at}: that is PyTorch's own code for the "
             "mechanism this exercise asks you to model (it runs none of "
             f"{', '.join(models)}). Compute the answer yourself from what you are given.")

@@ -13,19 +13,32 @@ an answer with such a record, whatever it returned (:class:`grader.checks.Answer
 A pattern names code relative to the folder its package is installed in: a folder
 (``torch/distributed/fsdp/``), a file (``torch/export/unflatten.py``), or functions in a file
 by qualified-name glob (``torch/distributed/tensor/placement_types.py:*._[!_]*``); a function
-written in C by its module and name (``torch/_C/_distributed_c10d:_compute_bucket_*``).
+written in C by its module and name (``torch/_C/_distributed_c10d:_compute_bucket_*``; a C++
+class's method by its own name: ``torch/_C/_distributed_c10d:prepare_for_*``).
 Code generated at run time is named by its file name (``<eval_with_key>*``: a GraphModule's
 forward). Importing a module (its module and class bodies) is not running it.
 
 Ranks forked while the answer runs inherit the profiler: their records come back through a file
-the forks share. This is an observation made inside the learner's kernel: an answer that
-removes the profiler is reported as such, but code can hide from its own process; what the
-judge compares stays the verdict's basis.
+the forks share. An answer that *is* the mechanism (bound to its function, a partial of it, a
+class built on its class) is seen before it runs (:func:`answered_by`); code compiled from a
+string (``eval``, ``exec``) counts as the learner's when it is called from outside the
+libraries; the learner's own calls of ``sys.setprofile``, ``sys.settrace`` and
+``_thread.start_new_thread`` are reported as blinding the profiler.
+
+This is an observation made inside the learner's kernel, and code can hide from its own
+process. A red-team trial still passed, each in a few lines: a thread started in an earlier
+cell (a pool the answer hands work to: the profiler follows only threads started while it
+runs), the grader's own functions patched from the kernel, the mechanism's source copied
+under another file name or a code object renamed to a library's file, a C function called from
+C (``functools.partial``), and results computed at the cell's run from the seed the grader
+injects (with the instructor's copy of the hidden checks). What the judge compares stays the
+verdict's basis; this closes the paths a learner takes without setting out to cheat.
 """
 from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import inspect
 import json
 import linecache
@@ -38,6 +51,10 @@ from pathlib import Path
 
 import grader
 
+#: what blinds the profiler when the learner's code calls it itself: another profiler or
+#: tracer in its place, a thread started below ``threading`` (which gives its threads ours)
+BLINDS = ("sys:setprofile", "sys:settrace", "_thread:start_new_thread",
+          "_thread:start_joinable_thread")
 #: the code that starts a process (a mechanism run elsewhere is not computed by the answer)
 STARTS = ("posix:fork", "posix:posix_spawn*", "posix:system", "posix:exec*",
           "subprocess.py:Popen.__init__", "multiprocessing/process.py:BaseProcess.start")
@@ -75,6 +92,9 @@ class _Observer:
         self.top = top
         self.patterns = [(p.partition(":")[0], p.partition(":")[2]) for p in patterns]
         self.starts = [(p.partition(":")[0], p.partition(":")[2]) for p in STARTS]
+        self.names = {f"{p}:{n}" if n else p for p, n in self.patterns}
+        self.blind_names = {f"{p}:{n}" for p, n in (x.partition(":")[::2] for x in BLINDS)}
+        self.blinds = [(p.partition(":")[0], p.partition(":")[2]) for p in BLINDS]
         self.log, self.hit = log, False
         self.libs, self.course = _lib_dirs(), _course_dirs()
         self.codes: dict = {}  # code object -> (matched pattern, where) or None
@@ -108,12 +128,14 @@ class _Observer:
         return found
 
     def _of_builtin(self, fn):
+        # (a C++ class's method comes as its module and its own name: pybind11 keeps no class)
         key = (getattr(fn, "__module__", None), getattr(fn, "__name__", ""))
         found = self.builtins.get(key, 0)
         if found == 0:
             place = (key[0] or "").replace(".", "/")
             pattern = place and (self._match(place, key[1], self.patterns)
-                                 or self._match(place, key[1], self.starts))
+                                 or self._match(place, key[1], self.starts)
+                                 or self._match(place, key[1], self.blinds))
             found = self.builtins[key] = (pattern, f"{place}: {key[1]}") if pattern else None
         return found
 
@@ -122,14 +144,25 @@ class _Observer:
         own (``top``), or None; None too for a call made while a module is imported."""
         while frame is not None and frame is not self.top:
             name = frame.f_code.co_filename
-            generated = name.startswith("<") and not name.startswith(CELLS)
-            if not generated and not name.startswith(self.course) and not (
-                    name.startswith(self.libs)):
+            if self._mine(frame):
                 return frame
             if frame.f_code.co_name == "<module>":  # (a module being imported runs its body)
                 return None
             frame = frame.f_back
         return None
+
+    def _mine(self, frame) -> bool:
+        """Whether ``frame`` runs the learner's code: a file outside the libraries and the
+        course, a cell, or code compiled from a string (``eval``, ``exec``) that was called
+        from outside the libraries (what a library generates, it calls itself)."""
+        name = frame.f_code.co_filename
+        if name.startswith(CELLS):
+            return True
+        if name.startswith("<"):
+            caller = frame.f_back
+            return not name.startswith("<frozen") and caller is not None and not (
+                caller.f_code.co_filename.startswith(self.libs))
+        return not name.startswith(self.course) and not name.startswith(self.libs)
 
     def profile(self, frame, event, arg):
         if self.hit:
@@ -144,17 +177,58 @@ class _Observer:
             return
         if found is None:
             return
-        mine = self._learner(caller)
+        blind = event == "c_call" and found[0] in self.blind_names
+        mine = (caller if self._mine(caller) else None) if blind else self._learner(caller)
         if mine is None:
             return
         self.hit = True
+        kind = "blind" if blind else "modelled" if found[0] in self.names else "start"
         self._write({"pattern": found[0], "where": found[1], "line": mine.f_lineno,
                      "code": linecache.getline(mine.f_code.co_filename, mine.f_lineno).strip(),
-                     "start": found[0] not in {f"{p}:{n}" if n else p
-                                               for p, n in self.patterns}})
+                     "kind": kind})
 
     def _write(self, record: dict) -> None:
         os.write(self.log, (json.dumps(record) + "\n").encode())
+
+
+def answered_by(answer, patterns: list[str]) -> dict | None:
+    """A record (as :func:`observe` makes) when the answer itself is the mechanism's code: a
+    function or method defined there (through ``functools.partial``, ``__wrapped__`` and bound
+    methods), or a class of which one there is a base. The probe calls it from its own frames,
+    where no frame of the learner's code stands above the mechanism's. None otherwise."""
+    if not patterns:
+        return None
+    seen = _Observer(list(patterns), -1, None)
+    fn = answer
+    for _ in range(16):
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        elif inspect.ismethod(fn):
+            fn = fn.__func__
+        elif not inspect.isclass(fn) and getattr(fn, "__wrapped__", None) is not None:
+            fn = fn.__wrapped__
+        else:
+            break
+    found = None
+    if inspect.isclass(fn):
+        for kind in fn.__mro__:
+            try:
+                place = seen._place(str(Path(inspect.getfile(kind)).resolve()))
+            except (TypeError, OSError):
+                continue
+            pattern = place and seen._match(place, kind.__qualname__, seen.patterns)
+            if pattern:
+                found = (pattern, f"{place}: {kind.__qualname__}")
+                break
+    elif getattr(fn, "__code__", None) is not None:
+        found = seen._of_code(fn.__code__)
+        found = found if found and found[0] in seen.names else None
+    elif callable(fn):
+        found = seen._of_builtin(fn)
+        found = found if found and found[0] in seen.names else None
+    if found is None:
+        return None
+    return {"pattern": found[0], "where": found[1], "line": 0, "code": "", "kind": "answer"}
 
 
 def _first(log_path: str) -> dict | None:
@@ -167,7 +241,8 @@ def _first(log_path: str) -> dict | None:
 def observe(patterns: list[str], top):
     """Profile the body (this thread, threads it starts, processes it forks) and yield a dict
     that, on exit, holds ``"ran"``: the first record of the learner's code calling into
-    ``patterns`` or starting a process (``{"pattern", "where", "line", "code", "start"}``), or
+    ``patterns``, starting a process or blinding the profiler (``{"pattern", "where", "line",
+    "code", "kind"}``, kind ``"modelled"``, ``"start"`` or ``"blind"``), or
     None. Only frames below ``top`` (the probe's frame) can be the learner's: what called the
     probe is not the answer. With no patterns, observes nothing. Restores the profiler that was
     set before."""
@@ -193,4 +268,4 @@ def observe(patterns: list[str], top):
         os.unlink(log_path)
         if seen["ran"] is None and removed:
             seen["ran"] = {"pattern": "", "where": "sys.setprofile", "line": 0, "code": "",
-                           "start": False}
+                           "kind": "blind"}

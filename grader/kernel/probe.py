@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import grader
-from grader.kernel.modelled import observe
+from grader.kernel.modelled import answered_by, observe
 
 #: the most bytes a probe's reply may take (a larger one is refused as not plain data)
 MAX_REPLY_BYTES = 64 << 20
@@ -342,6 +342,8 @@ def call(answer: Any, probe_name: str | None, args: tuple, kwargs: dict, seed: i
     Never raises for what the answer does (``KeyboardInterrupt``, the grader's time limit, is
     passed on)."""
     seen: dict = {"ran": None}
+    if (record := answered_by(answer, models)) is not None:
+        return encode({"modelled": record})
     try:
         fn = _lookup(probe_name) if probe_name else None
         with torch_defaults(), seeded_rng(seed), observe(models, sys._getframe()) as seen:

@@ -5,6 +5,7 @@ reference (dividing after the all-reduce, or in float32 before the cast) pass he
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from grader.checks import run_checks
 from tests.conftest import assert_rejected
@@ -64,8 +65,10 @@ def calls_torchs_hook(process_group, bucket):
     (_hook(into_buffer=False), "rank 1 holds other gradients than rank 0"),
     (calls_torchs_hook, ("your answer ran torch/distributed/algorithms/ddp_comm_hooks/"
                          "default_hooks.py: fp16_compress_hook")),
+    (default_hooks.fp16_compress_hook, ("your answer is torch/distributed/algorithms/"
+                                        "ddp_comm_hooks/default_hooks.py: fp16_compress_hook")),
 ], ids=["summed", "float32", "bfloat16", "left-in-float16", "waits", "result-dropped",
-        "calls-torch"])
+        "calls-torch", "is-torch's"])
 def test_wrong_answers_fail(answer, phrase):
     v = assert_rejected(EX, answer, phrase)
     assert v.message.startswith("check 1/2"), v.message

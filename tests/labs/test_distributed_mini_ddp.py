@@ -161,7 +161,29 @@ class CallbackOnce(MiniDDP):
         MiniDDP._grad_ready(self, p)
 
 
+class DrivesTheReducer(MiniDDP):
+    """Its own buckets, handed to DDP's C++ Reducer, which hooks, buckets and all-reduces."""
+
+    def __init__(self, module, bucket_cap_mb=25.0):
+        nn.Module.__init__(self)
+        self.module = module
+        params = [p for p in module.parameters() if p.requires_grad]
+        self.buckets = self._bucket(self._params(module), bucket_cap_mb * 1024 * 1024)
+        index = {id(p): i for i, p in enumerate(params)}
+        cap = int(bucket_cap_mb * 1024 * 1024)
+        self.reducer = dist.Reducer(params, [[index[id(p)] for p in b] for b in self.buckets],
+                                    [cap] * len(self.buckets), dist.group.WORLD,
+                                    [False] * len(params), cap, False, False, {}, cap)
+
+    def forward(self, *args, **kwargs):
+        self.reducer.prepare_for_forward()
+        out = self.module(*args, **kwargs)
+        self.reducer.prepare_for_backward([])
+        return out
+
+
 @pytest.mark.parametrize("answer, phrase", [
+    (DrivesTheReducer, "your answer ran torch/_C/_distributed_c10d: prepare_for_forward"),
     (WaitsInTheHook, "the hook waited for it, so nothing overlapped"),
     (CallbackOnce, "rank 1 holds other gradients than rank 0 (backward 1 was right)"),
     (OneAllReducePerParameter, ("backward 1 issued 6 all_reduce; DDP issues one all_reduce per "

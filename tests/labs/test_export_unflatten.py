@@ -146,6 +146,11 @@ def test_running_the_mechanism_itself_fails(answer):
     assert_rejected(EX, answer, MODELLED)
 
 
+def test_an_answer_that_is_torchs_unflatten_fails():
+    assert_rejected(EX, torch.export.unflatten, "your answer is torch/export/unflatten.py: "
+                                                "unflatten, PyTorch's own code")
+
+
 def test_something_else_than_a_module_fails():
     assert_rejected(EX, lambda ep: ep.graph_module.code,
                     "unflatten returned a str, not a torch.nn.Module")

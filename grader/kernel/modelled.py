@@ -66,6 +66,7 @@ STARTS = ("posix:fork", "posix:posix_spawn*", "posix:system", "posix:exec*",
 CELLS = ("<ipython-input-", "<answer ", "<setup ")
 
 
+@functools.lru_cache(maxsize=None)
 def _lib_dirs() -> tuple[str, ...]:
     """The folders installed code lives in (site-packages, the standard library), longest
     first."""
@@ -81,8 +82,18 @@ def _course_dirs() -> tuple[str, ...]:
     answers it defines there are a learner's)."""
     import labs
 
-    homes = [Path(d) for d in labs.__path__ if any(Path(d).glob("*/lab.toml"))]
+    return _homes(tuple(labs.__path__))
+
+
+@functools.lru_cache(maxsize=None)
+def _homes(paths: tuple[str, ...]) -> tuple[str, ...]:
+    homes = [Path(d) for d in paths if any(Path(d).glob("*/lab.toml"))]
     return tuple(str(d.resolve()) + os.sep for d in (grader.ROOT / "grader", *homes))
+
+
+def _split(patterns) -> list[tuple[str, str, str]]:
+    """``(pattern, path, qualified-name glob)`` of each pattern (the glob "" for none)."""
+    return [(p, p.partition(":")[0], p.partition(":")[2]) for p in patterns]
 
 
 class _Observer:
@@ -90,11 +101,9 @@ class _Observer:
 
     def __init__(self, patterns: list[str], log: int, top):
         self.top = top
-        self.patterns = [(p.partition(":")[0], p.partition(":")[2]) for p in patterns]
-        self.starts = [(p.partition(":")[0], p.partition(":")[2]) for p in STARTS]
-        self.names = {f"{p}:{n}" if n else p for p, n in self.patterns}
-        self.blind_names = {f"{p}:{n}" for p, n in (x.partition(":")[::2] for x in BLINDS)}
-        self.blinds = [(p.partition(":")[0], p.partition(":")[2]) for p in BLINDS]
+        self.patterns, self.starts, self.blinds = _split(patterns), _split(STARTS), \
+            _split(BLINDS)
+        self.names = set(patterns)
         self.log, self.hit = log, False
         self.libs, self.course = _lib_dirs(), _course_dirs()
         self.codes: dict = {}  # code object -> (matched pattern, where) or None
@@ -108,11 +117,11 @@ class _Observer:
         return filename if filename.startswith("<") else ""
 
     def _match(self, place: str, qualname: str, patterns: list) -> str | None:
-        for path, names in patterns:
+        for pattern, path, names in patterns:
             hit = (place.startswith(path) if path.endswith("/")
                    else fnmatch.fnmatchcase(place, path))
             if hit and (not names or fnmatch.fnmatchcase(qualname, names)):
-                return f"{path}:{names}" if names else path
+                return pattern
         return None
 
     def _of_code(self, code):
@@ -143,7 +152,6 @@ class _Observer:
         """The innermost frame of the learner's code at or above ``frame`` and below the probe's
         own (``top``), or None; None too for a call made while a module is imported."""
         while frame is not None and frame is not self.top:
-            name = frame.f_code.co_filename
             if self._mine(frame):
                 return frame
             if frame.f_code.co_name == "<module>":  # (a module being imported runs its body)
@@ -177,7 +185,7 @@ class _Observer:
             return
         if found is None:
             return
-        blind = event == "c_call" and found[0] in self.blind_names
+        blind = event == "c_call" and found[0] in BLINDS
         mine = (caller if self._mine(caller) else None) if blind else self._learner(caller)
         if mine is None:
             return

@@ -48,13 +48,14 @@ COLLECTIVES = frozenset(KINDS.values()) - {"send", "recv"}
 class Comm:
     """One communication op a rank issued: its ``kind`` (a value of :data:`KINDS`, or the op's
     own name), the ``peer`` rank of a send or recv (else None), the ``bytes`` of its tensors
-    (for a send, what it sends; for a recv, the buffer it receives into) and the global ranks of
-    its process ``group`` (None where the op names none)."""
+    (for a send, what it sends; for a recv, the buffer it receives into), the global ranks of
+    its process ``group`` (None where the op names none) and the ``dtypes`` of its tensors."""
 
     kind: str
     peer: int | None
     bytes: int
     group: tuple[int, ...] | None = None
+    dtypes: tuple[str, ...] = ()
 
 
 def _group_of(args) -> tuple[int, ...] | None:
@@ -93,7 +94,8 @@ class CommLog(TorchDispatchMode):
                        if isinstance(t, torch.Tensor)]
             peer = args[2] if name in ("send", "recv_") else None
             nbytes = sum(t.numel() * t.element_size() for t in tensors)
-            self.comms.append(Comm(KINDS.get(name, name), peer, nbytes, _group_of(args)))
+            self.comms.append(Comm(KINDS.get(name, name), peer, nbytes, _group_of(args),
+                                   tuple(str(t.dtype) for t in tensors)))
         return func(*args, **(kwargs or {}))
 
     def counts(self) -> dict[str, int]:
@@ -501,22 +503,6 @@ def mini_fsdp(answer, spec: dict, world_size: int, x: torch.Tensor, y: torch.Ten
 
 
 # ------------------------------------------------------------------- distributed.comm-hook
-class _AllReduced(CommLog):
-    """A CommLog that also notes the dtype of every tensor an all-reduce is handed."""
-
-    def __init__(self):
-        super().__init__()
-        self.dtypes: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace in ("c10d", "_c10d_functional") and \
-                KINDS.get(func._opname) == "all_reduce":
-            self.dtypes += [str(t.dtype) for a in args
-                            for t in (a if isinstance(a, (list, tuple)) else [a])
-                            if isinstance(t, torch.Tensor)]
-        return super().__torch_dispatch__(func, types, args, kwargs)
-
-
 def accumulate(hook, spec: dict, cap: float, x: torch.Tensor, y: torch.Tensor, lr: float,
                state: str, as_view: bool, late: float) -> dict:
     """On every rank: ``DistributedDataParallel(build(spec), bucket_cap_mb=cap,
@@ -565,7 +551,7 @@ def accumulate(hook, spec: dict, cap: float, x: torch.Tensor, y: torch.Tensor, l
                 loss = nn.functional.mse_loss(ddp(xs), ys)
             if late and synced and s == 0 and rank == p - 1:
                 time.sleep(late)
-            with _AllReduced() as log:
+            with CommLog() as log:
                 loss.backward()
             values = []
             for f in futures:
@@ -575,7 +561,8 @@ def accumulate(hook, spec: dict, cap: float, x: torch.Tensor, y: torch.Tensor, l
                               else [type(v).__name__, None])
             seen.append({"synced": synced, "calls": list(calls), "seconds": list(seconds),
                          "values": values, "comms": [[c.kind, c.bytes] for c in log.comms],
-                         "dtypes": log.dtypes, "grads": torch.cat(
+                         "dtypes": [d for c in log.comms if c.kind == "all_reduce"
+                                    for d in c.dtypes], "grads": torch.cat(
                              [q.grad.detach().reshape(-1).float() for q in trainable])
                          if synced and all(q.grad is not None for q in trainable) else None})
         opt.step()

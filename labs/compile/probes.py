@@ -418,7 +418,8 @@ def partitioned_function(spec: list):
 def saved_by(fn, inputs: list, partition, grad_out) -> tuple:
     """Compile ``fn`` with ``functorch.compile.aot_function`` and ``partition``, run forward and
     backward (with ``grad_out``) on copies of ``inputs``; return (output, grads, the tensors the
-    forward returned after its first ``num_fwd_outputs``: what it saved for backward)."""
+    forward returned after its first ``num_fwd_outputs``: what it saved for backward, the name of
+    each op the backward graph calls, e.g. ``"aten.mm.default"``, in graph order)."""
     from functorch.compile import aot_function, make_boxed_func
 
     found = {}
@@ -436,13 +437,15 @@ def saved_by(fn, inputs: list, partition, grad_out) -> tuple:
         return make_boxed_func(run)
 
     def bw_compiler(bw_module, example_inputs):
+        found["ops"] = [str(node.target) for node in bw_module.graph.nodes
+                        if node.op == "call_function"]
         return make_boxed_func(bw_module)
 
     leaves = [x.detach().clone().requires_grad_() for x in inputs]
     compiled = aot_function(fn, fw_compiler, bw_compiler, partition_fn=watch_partition)
     out = compiled(*leaves)
     grads = torch.autograd.grad(out, leaves, grad_out)
-    return out, list(grads), found["saved"]
+    return out, list(grads), found["saved"], found["ops"]
 
 
 def described(saved: list) -> list:
@@ -493,7 +496,8 @@ def partitions(RecomputePartitioner, cases: list, run: bool = True, saved: bool 
     ``p`` is the instance, or with ``subclass`` an instance of a subclass whose ``__call__`` is
     ``default_partition``. Returns ``{**_kind, "callable": whether an instance is callable,
     "cases": [{"used": library partitioners called, "calls": partition calls, "output",
-    "grads", "saved": described(what the forward saved), "failed": {"ename", "text"} when
+    "grads", "saved": described(what the forward saved), "backward_ops": the ops the
+    backward graph calls (:func:`saved_by`), "failed": {"ename", "text"} when
     torch's graph extraction asserted, "saved_report": _saved_report}]}``; ``{"raised": record}``
     for the case where the answer raised (the last)."""
     from functorch.compile import default_partition
@@ -518,8 +522,9 @@ def partitions(RecomputePartitioner, cases: list, run: bool = True, saved: bool 
                 if run:
                     watched = _Watched(p)
                     try:
-                        output, grads, kept = saved_by(fn, inputs, watched, grad_out)
-                        entry.update(output=output, grads=grads, saved=described(kept))
+                        output, grads, kept, ops = saved_by(fn, inputs, watched, grad_out)
+                        entry.update(output=output, grads=grads, saved=described(kept),
+                                     backward_ops=ops)
                     except AssertionError as exc:  # (torch's graph extraction asserts)
                         entry["failed"] = {"ename": "AssertionError", "text": str(exc)[:_TEXT]}
                     except Exception:

@@ -48,6 +48,53 @@ def test_saving_everything_backward_reads_is_not_fewer_bytes(reference):
     assert_rejected(EX, SaveAll, "yours / default / min-cut")
 
 
+def _greedy_saved(graph, recomputable):
+    """The forward values a greedy walk back from what backward reads saves: a primal or a
+    value that is not recomputable is saved, a recomputable one is recomputed from its inputs
+    (the lab's first reference, which saved twice min-cut's bytes on some chains)."""
+    reads, saved, seen = _backward_reads(graph), set(), set()
+
+    def need(node):
+        if node not in seen:
+            seen.add(node)
+            if node.op == "placeholder" or not recomputable(node):
+                saved.add(node)
+            else:
+                for arg in node.all_input_nodes:
+                    need(arg)
+
+    for node in reads:
+        need(node)
+    return [n for n in graph.nodes if n in saved]
+
+
+def test_a_greedy_walk_that_saves_more_than_min_cut_fails(reference):
+    """At seed 1234 a hidden chain linear+add+add+tanh+cos: the greedy walk saves the linear's
+    output and y (192 bytes, what default_partition saves), min-cut the add's output (128)."""
+    class Greedy(reference(EX)):
+        def __call__(self, joint_module, joint_inputs, *, num_fwd_outputs, **kwargs):
+            saved = _greedy_saved(joint_module.graph, self.recomputable)
+            return _extract_fwd_bwd_modules(joint_module, saved, saved_sym_nodes=[],
+                                            num_fwd_outputs=num_fwd_outputs)
+
+    v = assert_rejected(EX, Greedy, "A cheaper choice exists", seed=1234)
+    assert "yours / default / min-cut: 192 / 192 / 128" in v.message, v.message
+
+
+def test_recomputing_the_matmul_fails_however_few_bytes_it_saves(reference):
+    """Saving only the primals (the inputs) saves fewer bytes than min-cut, by running the
+    matmul again in backward."""
+    class Primals(reference(EX)):
+        def __call__(self, joint_module, joint_inputs, *, num_fwd_outputs, **kwargs):
+            graph = joint_module.graph
+            saved = [n for n in graph.nodes
+                     if n.op == "placeholder" and n.target.startswith("primals")]
+            return _extract_fwd_bwd_modules(joint_module, saved, saved_sym_nodes=[],
+                                            num_fwd_outputs=num_fwd_outputs)
+
+    assert_rejected(EX, Primals, "neither pointwise nor a view")
+
+
 def test_saving_nothing_fails_and_says_save_more(reference):
     class SaveNothing(reference(EX)):
         def __call__(self, joint_module, joint_inputs, *, num_fwd_outputs, **kwargs):

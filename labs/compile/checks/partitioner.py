@@ -1,9 +1,10 @@
 """Checks of ``compile.partitioner``: ``RecomputePartitioner()`` is an AOTAutograd partition
 function; ``functorch.compile.aot_function(fn, nop, nop, partition_fn=p)`` must give the
-gradients ``torch.autograd.grad`` gives on eager ``fn``, and the forward must save fewer bytes
-for backward than ``functorch.compile.default_partition`` whenever
-``min_cut_rematerialization_partition`` does (both measured by the judge, on the same function
-and inputs). What a forward saves is read at run time: the tensors its graph returns after the
+gradients ``torch.autograd.grad`` gives on eager ``fn``; the forward must save no more bytes for
+backward than ``functorch.compile.min_cut_rematerialization_partition`` (measured by the judge,
+on the same function and inputs); and the backward may recompute only pointwise ops and views:
+any other op (a matmul, a reduction) it calls more often than ``default_partition``'s backward
+fails, whatever it saves. What a forward saves is read at run time: the tensors its graph returns after the
 first ``num_fwd_outputs``. ``p.saved(fn, *inputs)`` must report those (shape, dtype) pairs, for
 the learner's partition and for a subclass that partitions with ``default_partition`` (so it
 must ask ``self``). The partition must choose what to save itself: a call of
@@ -43,14 +44,40 @@ def _eager(fn, inputs, grad_out):
     return out, torch.autograd.grad(out, leaves, grad_out)
 
 
-def _library_bytes(fn, inputs, grad_out) -> tuple[int, int]:
-    """What default_partition and min-cut save, in bytes (the oracle, here)."""
+def _library(fn, inputs, grad_out) -> tuple[int, int, list[str]]:
+    """The oracle, here: the bytes default_partition and min-cut save, and the ops
+    default_partition's backward graph calls."""
     found = []
     with probes.fresh_compiler(functorch=True):
         for partition in (default_partition, min_cut_rematerialization_partition):
-            saved = probes.saved_by(fn, inputs, partition, grad_out)[2]
-            found.append(_nbytes(probes.described(saved)))
-    return found[0], found[1]
+            found.append(probes.saved_by(fn, inputs, partition, grad_out)[2:])
+    (default, ops), (min_cut, _) = found
+    return _nbytes(probes.described(default)), _nbytes(probes.described(min_cut)), ops
+
+
+def _cheap(name: str) -> bool:
+    """Whether the ATen op ``name`` (``"aten.mm.default"``) is pointwise or a view: cheap to
+    run again in backward. Anything else (a matmul, a reduction, an unknown name) is not."""
+    namespace, _, rest = name.partition(".")
+    packet, _, overload = rest.partition(".")
+    try:
+        op = getattr(getattr(getattr(torch.ops, namespace), packet), overload)
+    except (AttributeError, RuntimeError):
+        return False
+    return isinstance(op, torch._ops.OpOverload) and (torch.Tag.pointwise in op.tags
+                                                      or op.is_view)
+
+
+def _recomputed(mine: list, default: list) -> str | None:
+    """The first op that is not cheap (:func:`_cheap`) and that the learner's backward graph
+    calls more often than default_partition's (which recomputes nothing), with both counts."""
+    if type(mine) is not list or not all(type(name) is str for name in mine):
+        return "(no list of op names)"
+    for name in dict.fromkeys(mine):
+        if not _cheap(name) and mine.count(name) > default.count(name):
+            return f"{name} {mine.count(name)} times, where default_partition's calls it " \
+                   f"{default.count(name)}"
+    return None
 
 
 def _kind(seen: dict) -> None:
@@ -80,8 +107,9 @@ def _ask(cls, cases: list[tuple], **how) -> list[tuple]:
 
 
 def _verify(case: tuple, seen: dict) -> list:
-    """Gradients equal eager's, no library partitioner used, fewer bytes than default whenever
-    min-cut saves fewer. Returns what the learner's forward saved (described)."""
+    """Gradients equal eager's, no library partitioner used, only pointwise ops and views
+    recomputed, no more bytes than min-cut saves. Returns what the learner's forward saved
+    (described)."""
     _, name, fn, inputs, grad_out, want_out, want_grads = case
     if seen.get("used"):
         raise CheckFailure(
@@ -107,13 +135,23 @@ def _verify(case: tuple, seen: dict) -> list:
             msg=lambda m, what=what: f"{what}: the backward must recompute exactly what the "
                                      f"forward computed. {m}")
     mine = _nbytes(seen["saved"])
-    default, min_cut = _library_bytes(fn, inputs, grad_out)
-    if min_cut < default and mine >= default:
+    default, min_cut, default_ops = _library(fn, inputs, grad_out)
+    again = _recomputed(seen.get("backward_ops"), default_ops)
+    if again:
         raise CheckFailure(
-            f"on {name} your forward saves {mine} bytes for backward; default_partition saves "
-            f"{default} and min_cut_rematerialization_partition {min_cut} (yours / default / "
-            f"min-cut: {mine} / {default} / {min_cut}). Save fewer: recompute cheap pointwise "
-            "ops in backward from what you do save.")
+            f"on {name} your backward graph calls {again}: it recomputes an op that is neither "
+            "pointwise nor a view (a matmul or a reduction costs far more time to run again "
+            "than its bytes cost to keep). Recompute only pointwise ops and views; save the "
+            "output of anything else.")
+    if mine > min_cut:
+        raise CheckFailure(
+            f"on {name} your forward saves {mine} bytes for backward; "
+            f"min_cut_rematerialization_partition saves {min_cut} and default_partition "
+            f"{default} (yours / default / min-cut: {mine} / {default} / {min_cut}). A cheaper "
+            "choice exists: recomputing a value means keeping what it is computed from, which "
+            "can cost more bytes than the value itself (a sum of two tensors read from two "
+            "saved ones). For each value choose the cheaper side: this is a minimum cut of the "
+            "forward graph, weighted by bytes.")
     return seen["saved"]
 
 
@@ -174,7 +212,7 @@ def _random(seed: int, count: int) -> list[tuple]:
 
 @check(EXERCISE)
 def given_functions(cls, ctx):
-    """the given functions: eager's gradients, fewer saved bytes than default_partition"""
+    """the given functions: eager's gradients, no more saved bytes than min-cut"""
     for case, seen in _ask(cls, _given(ctx.seed)):
         _verify(case, seen)
 
@@ -192,7 +230,7 @@ def saved_on_given(cls, ctx):
 
 @check(EXERCISE, hidden=True)
 def random_chains(cls, ctx):
-    """seeded random chains: eager's gradients, fewer bytes, saved() right"""
+    """seeded random chains: eager's gradients, no more bytes than min-cut, saved() right"""
     for case, seen in _ask(cls, _random(ctx.seed, 4), saved=True):
         saved = _verify(case, seen)
         _verify_saved(case[1], seen, saved, "your partitioner")

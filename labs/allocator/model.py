@@ -556,23 +556,30 @@ def run(trace: list[tuple], *, capacity: int = 2 * GiB, max_split_size: int | No
             "memory_snapshot": allocator.memory_snapshot() if end_state else None}
 
 
-def oom_case(trace: list[tuple], capacity: int) -> tuple[dict, dict] | None:
-    """The model's ``memory_snapshot()`` at the first out-of-memory error of ``trace`` (the trace
-    stops there) on a ``SimulatedGPU(capacity)``, and the answer of ``allocator.oom-forensics``
-    for it; None when the trace never runs out. The answer is read from the model itself as it
-    replays the trace (its stats, its blocks, and what freeing each block would leave), not from
-    the snapshot the learner's function reads."""
+def oom_case(trace: list[tuple], capacity: int, ooms: int = 1) -> tuple[dict, dict] | None:
+    """The model's ``memory_snapshot()`` at the ``ooms``-th out-of-memory error of ``trace`` (the
+    trace stops there; the earlier ones are survived, as by a program that catches
+    ``torch.OutOfMemoryError``) on a ``SimulatedGPU(capacity)``, and the answer of
+    ``allocator.oom-forensics`` for it; None when the trace never gets there. The answer is read
+    from the model itself as it replays the trace (its live allocations, its blocks, and what
+    freeing each block would leave), not from the snapshot the learner's function reads."""
     gpu = SimulatedGPU(capacity)
     allocator = CachingAllocatorModel(gpu)
     peak = {"bytes": 0, "at": 0}
+    seen = [0]
 
     class Stop(Exception):
         pass
 
     def step(i, op, result):
         if isinstance(result, DeviceOutOfMemory):
-            raise Stop(op)
-        live = allocator.memory_stats()["requested_bytes.all.current"]
+            seen[0] += 1
+            if seen[0] == ooms:
+                raise Stop(op)
+        # live from alloc to free_requested (DeviceCachingAllocator::free), the exercise's
+        # definition; requested_bytes counts a block pending on another stream's events until
+        # free_block (free_completed)
+        live = sum(b.requested for b in allocator.allocated.values())
         if live > peak["bytes"]:  # (the alloc event is the last one the malloc recorded)
             peak.update(bytes=live, at=len(allocator.trace) - 1)
 
@@ -600,13 +607,14 @@ def _oom_answer(allocator: CachingAllocatorModel, op: tuple, peak: dict) -> dict
 
 def _culprit(allocator: CachingAllocatorModel, request: int, stream: int) -> int | None:
     """The smallest allocated block (lowest address on ties) of the request's pool and stream
-    that, freed in a copy of the model (which merges it with free neighbours), leaves a free
-    block of at least ``request`` bytes."""
+    that, freed in a copy of the model (as if its uses on other streams were over: it merges with
+    its free neighbours at once), leaves a free block of at least ``request`` bytes."""
     small = request <= K_SMALL_SIZE
     for block in sorted(allocator.allocated.values(), key=lambda b: (b.size, b.ptr)):
         if block.pool.small != small or block.stream != stream:
             continue
         trial = copy.deepcopy(allocator)
+        trial.allocated[block.ptr].stream_uses.clear()  # freed once its other streams are done
         trial.free(block.ptr)
         freed = next(b for b in trial.blocks if b.ptr <= block.ptr < b.ptr + b.size)
         if freed.size >= request:
@@ -615,12 +623,14 @@ def _culprit(allocator: CachingAllocatorModel, request: int, stream: int) -> int
 
 
 def random_oom_cases(seed: int, count: int) -> list[tuple[dict, dict]]:
-    """``count`` :func:`oom_case` of seeded random traces on small GPUs (64-128 MiB)."""
+    """``count`` :func:`oom_case` of seeded random traces on small GPUs (64-128 MiB), on one
+    stream or two, at the trace's first out-of-memory error or its second."""
     rng = random.Random(seed)
     found = []
     while len(found) < count:
-        trace = traces.random_trace(rng, 150, live_max=rng.choice([6, 10, 14]))
-        case = oom_case(trace, rng.choice([64, 96, 128]) * MiB)
+        trace = traces.random_trace(rng, 150, streams=rng.choice([1, 2]),
+                                    live_max=rng.choice([6, 10, 14]))
+        case = oom_case(trace, rng.choice([64, 96, 128]) * MiB, ooms=rng.choice([1, 2]))
         if case is not None:
             found.append(case)
     return found

@@ -31,7 +31,8 @@ def flawed(Ref, flaw):
                     return super()._best_fit(rounded, pool, stream)
                 finally:
                     self.max_split_size = saved
-            if flaw not in ("first fit", "highest address on ties", "both pools", "never reuse"):
+            if flaw not in ("first fit", "highest address on ties", "both pools", "never reuse",
+                            "oversize rounding limit exclusive"):
                 return super()._best_fit(rounded, pool, stream)
             if flaw == "never reuse":
                 return None
@@ -45,8 +46,13 @@ def flawed(Ref, flaw):
             if not free:
                 return None
             key = {"first fit": lambda f: f[1], "highest address on ties": lambda f: (f[0], -f[1]),
-                   "both pools": lambda f: f[:2]}[flaw]
-            _, _, segment, i = min(free, key=key)
+                   "both pools": lambda f: f[:2],
+                   "oversize rounding limit exclusive": lambda f: f[:2]}[flaw]
+            best, _, segment, i = min(free, key=key)
+            if flaw == "oversize rounding limit exclusive" and (
+                    rounded < self.max_split_size <= best
+                    or rounded >= self.max_split_size and best > rounded + 20 * MiB):  # not >=
+                return None
             return segment, i
 
         def malloc(self, size, stream=0):
@@ -134,6 +140,18 @@ def test_wrapping_the_reference_model_is_refused():
             return self.inner.snapshot()
 
     assert_rejected(EX, Wrapper, "own model or checks")
+
+
+def test_an_oversize_block_exactly_20_mib_bigger_is_refused(Ref):
+    """get_free_block refuses a cached oversize block 20 MiB (max_non_split_rounding) or more
+    bigger than the request: `>=`. With `>`, a 60 MiB block is handed to a 40 MiB request
+    (max_split_size 40 MiB) that the real allocator serves with a segment of its own; the hidden
+    check of that boundary says which rule, whatever the seed."""
+    for seed in (0, 1):
+        v = assert_rejected(EX, flawed(Ref, "oversize rounding limit exclusive"),
+                            "max_non_split_rounding (20 MiB) or more bigger", seed=seed)
+        assert "the max_non_split_rounding boundary" in v.message
+        assert "cudaMalloc(40 MiB)" in v.message
 
 
 def test_a_mistake_names_the_step_and_the_rule(Ref):

@@ -64,6 +64,18 @@ def flawed(Ref, flaw):
                 return False
             if flaw == "no oversize release":
                 return False
+            if flaw == "oversize release frees the largest covering segment":
+                if self.max_split_size == float("inf"):
+                    return False
+                need = max(rounded, self.max_split_size)
+                whole = sorted((s.blocks[0].size, s.address, s) for s in self.segments
+                               if s.pool == pool and s.stream == stream and len(s.blocks) == 1
+                               and s.blocks[0].state == "inactive")
+                covering = [w for w in whole if w[0] >= need]
+                if covering:
+                    self._release(covering[-1][2])  # the mistake: the smallest is covering[0]
+                    return True
+                return super()._release_oversize(rounded, pool, stream)
             if flaw == "oversize release frees the lowest addresses first":
                 if self.max_split_size == float("inf"):
                     return False
@@ -102,6 +114,18 @@ FLAWS = {
 def test_flawed_allocators_fail(Ref, flaw):
     for seed in (0, 1):
         assert_rejected(EX, flawed(Ref, flaw), FLAWS[flaw], seed=seed)
+
+
+def test_the_oom_release_frees_the_smallest_covering_segment(Ref):
+    """release_available_cached_blocks frees the smallest cached segment that covers
+    max(request, max_split_size). One that frees the largest instead (160 MiB GPU, max_split_size
+    40 MiB: 60 and 90 MiB cached, a 30 MiB request frees the 90 MiB one where the real allocator
+    frees the 60 MiB one) fails the hidden check of that case, whatever the seed, and the message
+    names the rule."""
+    for seed in (0, 1):
+        v = assert_rejected(EX, flawed(Ref, "oversize release frees the largest covering segment"),
+                            "first the smallest cached block", seed=seed)
+        assert "a 160 MiB GPU" in v.message and "cudaFree of the 90 MiB segment" in v.message
 
 
 def test_the_best_fit_allocator_alone_fails():

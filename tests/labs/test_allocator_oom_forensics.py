@@ -1,6 +1,8 @@
 """allocator.oom-forensics: plausible wrong readings of a snapshot fail, called directly through
 run_checks. The reference and the stub are tested for every exercise in
 test_exercise_contract.py."""
+import copy
+
 import pytest
 
 from tests.conftest import assert_rejected, load_answer
@@ -107,6 +109,49 @@ def test_modifying_the_snapshot_is_refused(ref):
     assert_rejected(EX, destructive, "modified the snapshot")
 
 
+def _events_renamed(snapshot, rename):
+    """A copy of ``snapshot`` whose trace events are renamed by ``rename(index, event)`` (an
+    action, or None to keep it): the events keep their indices."""
+    out = copy.deepcopy(snapshot)
+    for i, e in enumerate(out["device_traces"][0]):
+        e["action"] = rename(i, e) or e["action"]
+    return out
+
+
+def test_a_block_is_live_until_free_requested_not_free_completed(ref):
+    """An answer that counts a block live until its free_completed event (the reference reading
+    free_completed where it reads free_requested) gets the peak wrong when an allocation comes
+    between the two (a block pending on another stream's event): the hidden edge case holds one,
+    whatever the seed."""
+    swap = {"free_requested": "free_requested (ignored)", "free_completed": "free_requested"}
+
+    def until_completed(snapshot):
+        return ref(_events_renamed(snapshot, lambda i, e: swap.get(e["action"])))
+
+    for seed in (0, 1):
+        v = assert_rejected(EX, until_completed, "not to its 'free_completed'", seed=seed)
+        assert "'peak_requested' is 50 MiB; it should be 30 MiB" in v.message
+
+
+def test_the_failure_is_the_last_oom_not_the_first(ref):
+    """An answer that takes the trace's first 'oom' entry for the failure (the reference with
+    every later 'oom' entry hidden from it) fails: the hidden edge case TWO_OOMS is a snapshot
+    taken at a second OOM, whatever the seed (the public random OOM happens to be one too)."""
+    from labs.allocator import model
+    from labs.allocator.checks.oom_forensics import TWO_OOMS
+
+    def first_oom(snapshot):
+        events = snapshot["device_traces"][0]
+        first = next(i for i, e in enumerate(events) if e["action"] == "oom")
+        return ref(_events_renamed(snapshot, lambda i, e: (
+            "oom (hidden)" if e["action"] == "oom" and i != first else None)))
+
+    snapshot, want = model.oom_case(TWO_OOMS, 64 * 1024**2, ooms=2)
+    assert ref(snapshot) == want and first_oom(snapshot)["oom_request"] != want["oom_request"]
+    for seed in (0, 1):
+        assert_rejected(EX, first_oom, "the trace's last 'oom' entry", seed=seed)
+
+
 def test_the_message_names_the_key_and_its_definition(ref):
     v = assert_rejected(EX, changed(ref, "largest_free_block", lambda s, v: v + 1))
     assert "'largest_free_block'" in v.message and "the largest inactive block" in v.message
@@ -115,7 +160,8 @@ def test_the_message_names_the_key_and_its_definition(ref):
 def test_the_models_answer_agrees_with_the_definitions_on_the_snapshot(ref):
     """The checks read the answer from the model as it replays (so no copy of the course holds
     the answer's code); the reference answer applies the exercise's definitions to the snapshot.
-    They agree on 300 seeded OOMs and on the hidden edge cases."""
+    They agree on 300 seeded OOMs (on one stream or two, at a first or second OOM) and on the
+    hidden edge cases."""
     from labs.allocator import model
     from labs.allocator.checks import oom_forensics as checks
     from labs.allocator.traces import FRAGMENTED
@@ -123,7 +169,9 @@ def test_the_models_answer_agrees_with_the_definitions_on_the_snapshot(ref):
     MiB = 1024**2
     cases = model.random_oom_cases(123, 300)
     cases += [model.oom_case(checks.REPEATED_PEAK, 64 * MiB),
-              model.oom_case(checks.OTHER_POOL, 24 * MiB), model.oom_case(FRAGMENTED, 100 * MiB)]
+              model.oom_case(checks.OTHER_POOL, 24 * MiB), model.oom_case(FRAGMENTED, 100 * MiB),
+              model.oom_case(checks.PENDING_PEAK, 64 * MiB),
+              model.oom_case(checks.TWO_OOMS, 64 * MiB, ooms=2)]
     culprits = 0
     for snapshot, want in cases:
         assert ref(snapshot) == want

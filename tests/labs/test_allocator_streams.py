@@ -28,8 +28,16 @@ def flawed(Ref, flaw):
             return min(found, key=lambda f: f[0].blocks[f[1]].size) if found else None
 
         def record_stream(self, ptr, stream):
-            if flaw != "ignores record_stream":
+            if flaw == "records the block's own stream":
+                self.uses.setdefault(ptr, set()).add(stream)
+            elif flaw != "ignores record_stream":
                 super().record_stream(ptr, stream)
+
+        def free(self, ptr):
+            streams = self.uses.get(ptr, set())
+            super().free(ptr)
+            if flaw == "keeps a block's streams after free" and streams:
+                self.uses[ptr] = streams  # a later allocation at ptr inherits them
 
         def malloc(self, size, stream=0):
             if flaw == "never processes events at malloc":
@@ -75,6 +83,29 @@ FLAWS = {
 def test_flawed_allocators_fail(Ref, flaw):
     for seed in (0, 1):
         assert_rejected(EX, flawed(Ref, flaw), FLAWS[flaw], seed=seed)
+
+
+def test_an_event_on_the_block_s_own_stream_is_named(Ref):
+    """record_stream on a block's own stream is ignored: free waits only for the other streams
+    it was used on. An allocator that records an event on the block's own stream too keeps the
+    block pending where the model frees it, or makes it pending where the model never does; the
+    message says which streams count, not only when pending blocks are processed."""
+    for seed in (0, 1):
+        v = assert_rejected(EX, flawed(Ref, "records the block's own stream"),
+                            "record_stream on its own stream is ignored", seed=seed)
+        assert "Your block at offset" in v.message
+
+
+def test_a_block_that_should_never_be_pending_is_named(Ref):
+    """A block's streams are forgotten when it is freed. An allocator that keeps them makes a
+    later allocation at the same address pending when it is freed, where the model frees it at
+    once: the message says the block should never have been pending (and why), not that pending
+    blocks are processed too late."""
+    for seed in (0, 1):
+        v = assert_rejected(EX, flawed(Ref, "keeps a block's streams after free"),
+                            "never made it pending", seed=seed)
+        assert "the streams are forgotten once the block is freed" in v.message
+        assert "process_events" not in v.message
 
 
 def test_the_coalescing_allocator_alone_fails():

@@ -208,23 +208,25 @@ def compare(cls, run: traces.Run, *, label: str = "a trace", seen: dict | None =
                     "stream they were allocated on (pools are ordered by stream first)." + context)
         calls_ref = Counter(c for c in ref.calls if c[0] in ("cudaMalloc", "cudaFree"))
         calls_mine = Counter(tuple(c) for c in mine["calls"])
-        if calls_ref != calls_mine:
-            raise CheckFailure(f"{where}: {_calls(calls_mine, calls_ref)}" + context)
-        invariants(segs_mine, mine["segments"], mine_live, where)
         segs_ref = [_reduce(s) for s in ref.segments]
+        if calls_ref != calls_mine:
+            why = _SEGMENTS
+            if op[0] == "malloc" and any(c[0] == "cudaMalloc" and c[2] is None
+                                         for c in calls_ref):
+                why = _oom_path(max_split_size)
+            elif op[0] == "malloc":
+                why += " " + _why_malloc(before_ref, segs_ref, op, ref.rounded, max_split_size)
+            raise CheckFailure(f"{where}: {_calls(calls_mine, calls_ref)} {why}" + context)
+        invariants(segs_mine, mine["segments"], mine_live, where)
         if op[0] == "malloc" and mine_result != ref_result and isinstance(ref_result, int):
-            why = _why_block(before_ref, op, ref.rounded, max_split_size)
-            if _pending(segs_ref) < _pending(before_ref):
-                why = ("Before searching, malloc frees the blocks whose events have all completed "
-                       "(process_events), and they merge with free neighbours: "
-                       f"{_pending(before_ref) - _pending(segs_ref)} pending block(s) were freed "
-                       "here first.")
+            why = _why_malloc(before_ref, segs_ref, op, ref.rounded, max_split_size)
             raise CheckFailure(
                 f"{where}: your malloc returned {_locate(segs_mine, mine_result)}; {MODEL} "
                 f"returns {_locate(segs_ref, ref_result)}. {why} The allocation is the front of "
                 "the chosen block (its address); a split-off rest follows it." + context)
         if segs_mine != segs_ref:
-            raise CheckFailure(f"{where}: {_diff(segs_mine, segs_ref, run.coalesce)}" + context)
+            raise CheckFailure(
+                f"{where}: {_diff(segs_mine, segs_ref, run.coalesce, before_ref)}" + context)
         before_ref = segs_ref
 
 
@@ -241,40 +243,81 @@ def _calls(mine: Counter, ref: Counter) -> str:
             return "no cudaMalloc or cudaFree"
         parts = []
         for call in sorted(calls, key=str):
-            what = (f"cudaMalloc({size(call[1])})" if call[0] == "cudaMalloc"
-                    else f"cudaFree of the {size(call[2])} segment at {call[1]:#x}")
+            what = (f"cudaFree of the {size(call[2])} segment at {call[1]:#x}"
+                    if call[0] == "cudaFree" else
+                    f"cudaMalloc({size(call[1])})" + (" (failed)" if call[2] is None else ""))
             parts.append(what + (f" x{calls[call]}" if calls[call] > 1 else ""))
         return ", ".join(parts)
 
-    return (f"your allocator made {fmt(mine)}; {MODEL} makes {fmt(ref)}. A segment "
-            "is cudaMalloc'ed only when no cached block fits, with the segment size of the "
-            "request's pool; cudaFree returns whole cached segments only.")
+    return f"your allocator made {fmt(mine)}; {MODEL} makes {fmt(ref)}."
+
+
+_SEGMENTS = ("A segment is cudaMalloc'ed only when no cached block fits, with the segment size of "
+             "the request's pool; cudaFree returns whole cached segments only.")
 
 
 def _pending(segs: list[dict]) -> int:
     return sum(b["state"] == PENDING_FREE for s in segs for b in s["blocks"])
 
 
+def _oom_path(max_split: int | None) -> str:
+    """What malloc does when cudaMalloc fails, in words (``c10/cuda/CUDACachingAllocator.cpp:
+    DeviceCachingAllocator::malloc``, after ``alloc_block`` returned false)."""
+    first = ("" if max_split is None else
+             "first the smallest cached block of the request's pool and stream of at least "
+             f"max(request, max_split_size={size(max_split)}) (release_available_cached_blocks; "
+             "lowest address on ties), else the largest ones of at least max_split_size until "
+             "they add up to that, and a retry; then ")
+    return ("cudaMalloc failed here, so malloc frees cached segments and retries cudaMalloc only: "
+            f"{first}every cached whole segment (release_cached_blocks) and a last try.")
+
+
+def _why_malloc(before: list[dict], after: list[dict], op: tuple, rounded: int,
+                max_split: int | None) -> str:
+    """Why the reference served a malloc as it did: pending blocks freed first
+    (``process_events``), or the block best fit and the ``max_split_size`` rules chose."""
+    if _pending(after) < _pending(before):
+        return ("Before searching, malloc frees the blocks whose events have all completed "
+                "(process_events), and they merge with free neighbours: "
+                f"{_pending(before) - _pending(after)} pending block(s) were freed here first.")
+    return _why_block(before, op, rounded, max_split)
+
+
 def _why_block(before: list[dict], op: tuple, rounded: int, max_split: int | None) -> str:
-    """Why the reference picked its block, from the free blocks before the malloc."""
+    """Why the reference picked its block, from the free blocks before the malloc
+    (``c10/cuda/CUDACachingAllocator.cpp: DeviceCachingAllocator::get_free_block``)."""
     pool = "small" if rounded <= K_SMALL_SIZE else "large"
     free = [(b["size"], b["address"]) for s in before
             if s["segment_type"] == pool and s["stream"] == op[3]
             for b in s["blocks"] if b["state"] == INACTIVE and b["size"] >= rounded]
     text = (f"The request rounds to {size(rounded)} ({pool} pool). ")
     if not free:
-        return text + "No cached block of that pool and stream was big enough, so a new segment is due."
+        return (text + "No cached block of that pool and stream was big enough, so a new segment "
+                "is due.")
     best = min(free)
     limit = SIZE_MAX if max_split is None else max_split
-    if rounded < limit <= best[0] or (rounded >= limit and best[0] >= rounded + K_LARGE_BUFFER):
-        return (text + f"The best-fit cached block ({size(best[0])}) is refused by the "
-                "max_split_size rules, so a new segment is due.")
-    return (text + f"Best fit is the smallest cached block of that pool and stream with at least "
-            f"that many bytes ({size(best[0])} at {best[1]:#x}), the lowest address on ties.")
+    if rounded < limit <= best[0]:
+        return (text + f"The best-fit cached block ({size(best[0])}) is oversize (at least "
+                f"max_split_size, {size(limit)}) and the request is not: get_free_block never "
+                "hands an oversize block to a smaller request, so a new segment is due.")
+    if rounded >= limit and best[0] >= rounded + K_LARGE_BUFFER:
+        return (text + f"The request is at least max_split_size ({size(limit)}) and the best-fit "
+                f"cached block ({size(best[0])}) is {size(best[0] - rounded)} bigger: "
+                "get_free_block refuses an oversize block that is max_non_split_rounding "
+                f"({size(K_LARGE_BUFFER)}) or more bigger than the request, so a new segment is "
+                "due.")
+    text += (f"Best fit is the smallest cached block of that pool and stream with at least "
+             f"that many bytes ({size(best[0])} at {best[1]:#x}), the lowest address on ties")
+    if rounded >= limit:
+        return (text + f"; an oversize block less than max_non_split_rounding "
+                f"({size(K_LARGE_BUFFER)}) bigger than a request of at least max_split_size is "
+                "handed out whole.")
+    return text + "."
 
 
-def _diff(mine: list[dict], ref: list[dict], coalesce: bool) -> str:
-    """The first difference between two snapshots, in words."""
+def _diff(mine: list[dict], ref: list[dict], coalesce: bool, before: list[dict]) -> str:
+    """The first difference between two snapshots, in words (``before``: the reference's
+    snapshot one step earlier)."""
     for i, (a, b) in enumerate(zip(mine, ref)):
         if a == b:
             continue
@@ -298,8 +341,21 @@ def _diff(mine: list[dict], ref: list[dict], coalesce: bool) -> str:
             hint = (" A block used on another stream (record_stream) stays pending free, neither "
                     "reused nor merged, until the events recorded when it was freed complete.")
         elif _pending([a]) > _pending([b]):
-            hint = (" A pending block is freed once its events complete: at the start of each "
-                    "malloc (process_events), and in empty_cache, which waits for them.")
+            was = {x["address"] for s in before for x in s["blocks"]
+                   if x["state"] == PENDING_FREE}
+            pending = [x for x in a["blocks"] if x["state"] == PENDING_FREE]
+            never = [x for x in pending if x["address"] not in was]
+            block = (never or pending)[0]
+            hint = (f" Your block at offset {block['address'] - a['address']} is pending free, "
+                    + (f"but {MODEL} never made it pending: free waits for events only for the "
+                       "streams other than the block's own that it was used on (record_stream) "
+                       "since it was allocated; record_stream on its own stream is ignored, and "
+                       "the streams are forgotten once the block is freed." if never else
+                       f"but {MODEL} frees it here. A pending block waits for one event per "
+                       "stream other than its own that it was used on (record_stream on its own "
+                       "stream is ignored), and is freed once they complete: at the start of "
+                       "each malloc (process_events), and in empty_cache, which waits for "
+                       "them."))
         elif len(sizes_a) > len(sizes_b):
             hint = (" Your segment has more blocks: "
                     + ("a freed block merges with each free neighbour, and " if coalesce else "")

@@ -50,6 +50,20 @@ def many_traces(BestFitAllocator, ctx):
         compare(BestFitAllocator, run, label=f"hidden trace {k + 1}")
 
 
+#: get_free_block's max_non_split_rounding boundary, with max_split_size 40 MiB: a cached 60 MiB
+#: block is exactly 20 MiB bigger than a 40 MiB request, so it is refused and a 40 MiB segment is
+#: made (as on an H200); a 42 MiB request then takes it whole (18 MiB bigger)
+ROUNDING_LIMIT = [("malloc", 1, 60 * MiB, 0), ("free", 1), ("malloc", 2, 40 * MiB, 0),
+                  ("free", 2), ("malloc", 3, 42 * MiB, 0)]
+
+
+@check(EXERCISE, hidden=True)
+def oversize_rounding(BestFitAllocator, ctx):
+    """hands out an oversize block only if it is less than 20 MiB bigger than the request"""
+    run = _harness.reference_run(ROUNDING_LIMIT, coalesce=False, max_split_size=40 * MiB)
+    compare(BestFitAllocator, run, label="the max_non_split_rounding boundary")
+
+
 @check(EXERCISE, hidden=True)
 def max_split_size(BestFitAllocator, ctx):
     """matches it with max_split_size set"""

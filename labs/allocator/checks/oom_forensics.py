@@ -18,9 +18,12 @@ KEYS = ("oom_request", "peak_requested", "peak_at", "reserved_unallocated",
         "largest_free_block", "culprit")
 
 _WHAT = {
-    "oom_request": "the size of the request that failed (the trace's 'oom' entry)",
-    "peak_requested": "the most bytes live at once (alloc to free_requested, as the trace "
-                      "reports sizes)",
+    "oom_request": "the size of the request that failed: the trace's last 'oom' entry (the "
+                   "snapshot is taken at that failure; an earlier 'oom' entry is a failure the "
+                   "program survived)",
+    "peak_requested": "the most bytes live at once, as the trace reports sizes: an allocation is "
+                      "live from its 'alloc' event to its 'free_requested' event, not to its "
+                      "'free_completed' (which comes later for a block used on another stream)",
     "peak_at": "the index in device_traces[0] of the alloc where that peak is first reached",
     "reserved_unallocated": "reserved bytes not in allocated blocks, at the OOM",
     "largest_free_block": "the largest inactive block, at the OOM",
@@ -74,14 +77,28 @@ REPEATED_PEAK = [("malloc", 1, 4 * MiB, 0), ("free", 1), ("malloc", 2, 4 * MiB, 
                  ("malloc", 3, 100 * MiB, 0)]
 OTHER_POOL = [("malloc", 1, 100_000, 0), ("malloc", 2, 9 * MiB, 0), ("malloc", 3, 10 * MiB, 0),
               ("malloc", 4, 1536 * 1024, 0)]
+#: #1, used on stream 1, is freed (free_requested) but pending until its event completes
+#: (free_completed, in the OOM's release_cached_blocks): #2 is allocated in between. Live until
+#: free_requested, the peak is 30 MiB at #1's alloc; counted until free_completed, 50 MiB at #2's
+#: (64 MiB GPU)
+PENDING_PEAK = [("malloc", 1, 30 * MiB, 0), ("use", 1, 1), ("free", 1),
+                ("malloc", 2, 20 * MiB, 0), ("malloc", 3, 100 * MiB, 0)]
+#: two OOMs: 100 MiB fails and the program goes on; the snapshot is taken at the second, a
+#: 12 MiB request that freeing #3 would serve (64 MiB GPU)
+TWO_OOMS = [("malloc", 1, 40 * MiB, 0), ("malloc", 2, 100 * MiB, 0), ("malloc", 3, 20 * MiB, 0),
+            ("malloc", 4, 12 * MiB, 0)]
 
 
 @check(EXERCISE, hidden=True)
 def edge_cases(oom_forensics, ctx):
-    """is right when the peak repeats and when another pool has room"""
+    """is right at a repeated peak, another pool's room, a pending block and a second OOM"""
     model = _harness.reference_model()
     _verify(oom_forensics, model.oom_case(REPEATED_PEAK, 64 * MiB), "a repeated peak")
     _verify(oom_forensics, model.oom_case(OTHER_POOL, 24 * MiB), "a full large pool")
+    _verify(oom_forensics, model.oom_case(PENDING_PEAK, 64 * MiB),
+            "a block freed while another stream still used it")
+    _verify(oom_forensics, model.oom_case(TWO_OOMS, 64 * MiB, ooms=2),
+            "a snapshot taken at a second out-of-memory error")
 
 
 @check(EXERCISE, hidden=True)

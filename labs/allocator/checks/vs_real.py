@@ -45,8 +45,9 @@ def _verify(replay_on_cuda, run: traces.Run, label: str) -> None:
         for key in COMPARED:
             if stats.get(key, 0) != want[key]:
                 raise CheckFailure(
-                    f"on {label}, after step {step}, {key} is {stats.get(key)} on the GPU and "
-                    f"{want[key]} in the model. Steps so far: {story(trace, step)}.")
+                    f"on {label}, after step {step}, {key} is {stats.get(key)} on the GPU (the "
+                    f"real allocator) and {want[key]} in the reference model. Steps so far: "
+                    f"{story(trace, step)}.")
 
 
 @check(EXERCISE)

@@ -22,6 +22,7 @@ import torch._dynamo
 import torch._functorch.config as functorch_config
 import torch._inductor.config as inductor_config
 from torch import fx
+from torch._dynamo.testing import CompileCounter
 from torch.utils._config_module import _UNSET_SENTINEL
 
 from grader.checks import plain, probe, raised
@@ -54,15 +55,14 @@ def _changed(module) -> dict:
     return {k: default[k] for k in now if k in default and now[k] != default[k]}
 
 
-def changed_config() -> dict[str, dict]:
-    """The config entries the notebook changed: ``{"torch._dynamo.config": {name: default}, ...}``
-    (only modules with changes)."""
-    out = {}
-    for label, module in (("torch._dynamo.config", torch._dynamo.config),
-                          ("torch._inductor.config", inductor_config)):
-        if diff := _changed(module):
-            out[label] = diff
-    return out
+@probe
+def changed_config(answer) -> list[str]:
+    """The config entries the notebook changed from their defaults, which the checks set back
+    while they run (:func:`fresh_compiler`): ``["torch._dynamo.config.capture_scalar_outputs",
+    ...]``."""
+    return [f"{label}.{name}" for label, module in (("torch._dynamo.config", torch._dynamo.config),
+                                                    ("torch._inductor.config", inductor_config))
+            for name in sorted(_changed(module))]
 
 
 @contextlib.contextmanager
@@ -287,13 +287,30 @@ def _dict_shape(value, keys) -> dict:
 
 
 @probe
-def predictions(recompiles) -> dict:
-    """``{"shape": _dict_shape(recompiles), "predicted": returned(recompiles["predicted"], or
-    what it returns when it is callable)}`` (``predicted`` only when there is one)."""
-    out = {"shape": _dict_shape(recompiles, ("predicted", "compile_once"))}
-    if "predicted" in out["shape"]["keys"]:
-        predicted = recompiles["predicted"]
-        out["predicted"] = returned(predicted() if callable(predicted) else predicted)
+def predictions(recompiles, sequences: list) -> dict:
+    """For each ``[calls, marks]`` (``scaled_sum``'s argument lists in order; ``[call, arg,
+    dims]`` to mark dynamic): ``recompiles["predicted"](calls)``, with the calls as tuples, on
+    an empty cache. Returns ``{"shape": _dict_shape(recompiles), "callable": whether predicted
+    is callable, "type": its type's name, "answers": [{"answer": returned(the prediction),
+    "frames": the frames Dynamo compiled during the call}]}``."""
+    from torch._dynamo.utils import counters
+
+    out = {"shape": _dict_shape(recompiles, ("predicted", "compile_once")), "answers": []}
+    if "predicted" not in out["shape"]["keys"]:
+        return out
+    predicted = recompiles["predicted"]
+    out.update(callable=callable(predicted), type=type(predicted).__name__)
+    if not out["callable"]:
+        return out
+    for calls, marks in sequences:
+        calls = [list(args) for args in calls]
+        for k, i, dims in marks:
+            torch._dynamo.mark_dynamic(calls[k][i], list(dims))
+        with fresh_compiler():
+            before = counters["frames"]["total"]
+            got = predicted([tuple(args) for args in calls])
+            frames = counters["frames"]["total"] - before
+        out["answers"].append({"answer": returned(got), "frames": frames})
     return out
 
 
@@ -304,10 +321,10 @@ def compiled_once(recompiles, sequences: list) -> dict:
     (``counter`` a fresh ``CompileCounter``) on an empty cache, then called on each argument
     list. Returns ``{"shape": _dict_shape(recompiles), "callable": whether compile_once is
     callable, "type": its type's name, "runs": [{"returned": type's name of what compile_once
-    returned, "callable": whether it is callable, "frames": frames counted, "outs":
-    [returned(output)]}]}``."""
-    from torch._dynamo.testing import CompileCounter
-
+    returned, "callable": whether it is callable, "frames": frames counted, "graph_runs": how
+    many calls ran a compiled graph (:class:`_RunCounter`), "outs": [returned(output)],
+    "config": the names of the ``torch._dynamo.config`` entries compile_once or the calls
+    changed (set back afterwards)}]}``."""
     out = {"shape": _dict_shape(recompiles, ("predicted", "compile_once")), "runs": []}
     if "compile_once" not in out["shape"]["keys"]:
         return out
@@ -320,15 +337,38 @@ def compiled_once(recompiles, sequences: list) -> dict:
         for k, i, dims in marks:
             torch._dynamo.mark_dynamic(calls[k][i], list(dims))
         with fresh_compiler():
-            counter = CompileCounter()
-            compiled = compile_once(SEQUENCED[name], counter)
-            run = {"returned": type(compiled).__name__, "callable": callable(compiled),
-                   "frames": 0, "outs": []}
-            if run["callable"]:
-                run["outs"] = [returned(compiled(*args)) for args in calls]
-                run["frames"] = counter.frame_count
+            config = torch._dynamo.config.get_config_copy()
+            counter, run = _RunCounter(), {"frames": 0, "graph_runs": 0, "outs": []}
+            try:
+                compiled = compile_once(SEQUENCED[name], counter)
+                run.update(returned=type(compiled).__name__, callable=callable(compiled))
+                if run["callable"]:
+                    run["outs"] = [returned(compiled(*args)) for args in calls]
+                    run["frames"], run["graph_runs"] = counter.frame_count, counter.runs
+            finally:
+                now = torch._dynamo.config.get_config_copy()
+                run["config"] = [key for key in config if now[key] != config[key]]
+                torch._dynamo.config.load_config(config)  # (the learner's is given back too)
         out["runs"].append(run)
     return out
+
+
+class _RunCounter(CompileCounter):
+    """A ``CompileCounter`` that also counts how often the graphs it compiled run (``runs``): a
+    call Dynamo runs eagerly (e.g. past ``recompile_limit``) runs none."""
+
+    def __init__(self):
+        super().__init__()
+        self.runs = 0
+
+    def __call__(self, gm, example_inputs):
+        forward = super().__call__(gm, example_inputs)
+
+        def run(*args):
+            self.runs += 1
+            return forward(*args)
+
+        return run
 
 
 # ------------------------------------------------------------------ compile.guards
@@ -352,9 +392,13 @@ def pair(x, y):
     return (x * y).sum(0)
 
 
+def ignores_y(x, y):
+    return x.sin() * 2
+
+
 #: the functions exercise 4's cases compile, by name
 GUARDED = {f.__name__: f for f in (programs.scaled_sum, reduce_last, scale_by, stack_sum,
-                                   with_bias, pair)}
+                                   with_bias, pair, ignores_y)}
 
 
 @probe

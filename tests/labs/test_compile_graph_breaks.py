@@ -66,6 +66,8 @@ WRONG = {
     "window rows swapped": (_with(generator=_windows_of_one_row_ahead), "different values"),
     "print kept": (_with(logged=programs.logged), "graph break(s) in fixed['logged']"),
     "sum of abs for item": (_with(item=lambda x: x / x.abs().sum()), "different values"),
+    ">= for >": (_with(branch=lambda x: torch.where(x.sum() >= 0, x.relu() * 2, x.sigmoid() - 1)),
+                 "whose sum is exactly 0"),
 }
 
 
@@ -92,3 +94,17 @@ def test_a_misspelled_name_is_named():
 
 def test_a_value_that_is_not_a_function_is_named():
     assert_rejected(EX, _with(logged=None), "fixed['logged'] is a NoneType")
+
+
+def test_a_break_the_notebooks_config_hides_is_explained():
+    """With capture_scalar_outputs on, the notebook sees no break in `.item()`; the check runs
+    with the default config, finds one, and says which setting it set back."""
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        v = assert_rejected(EX, WRONG["item kept"][0], "break(s) in fixed['item']")
+    assert "torch._dynamo.config.capture_scalar_outputs back to the default" in v.message, \
+        v.message
+
+
+def test_no_config_note_when_the_notebook_kept_the_defaults():
+    v = assert_rejected(EX, WRONG["item kept"][0], "break(s) in fixed['item']")
+    assert "default config" not in v.message, v.message

@@ -101,3 +101,22 @@ def test_wrong_recorders_fail(answer, phrase):
 
 def test_a_function_instead_of_a_class_is_refused():
     assert_rejected(EX, lambda gm, example_inputs: gm.forward, "define a class")
+
+
+class DropsRepeats(Right):
+    """Keeps a graph only when its code differs from every graph kept so far."""
+
+    def __call__(self, gm, example_inputs):
+        if all(kept.code != gm.code for kept in self.graphs):
+            self.graphs.append(gm)
+            self.example_inputs.append(example_inputs)
+        return gm.forward
+
+
+def test_a_recorder_that_drops_repeated_graphs_fails_on_a_hidden_case():
+    from grader.checks import run_checks
+
+    for seed in (0, 1):
+        v = run_checks(EX, DropsRepeats, seed=seed, hidden=True)
+        assert v.status == "failed" and "identical graphs" in v.message, v.message
+        assert v.passed == 1, v.message  # (the public check passes)

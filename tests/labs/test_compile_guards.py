@@ -84,6 +84,47 @@ def by_calling(fn, args, new_args):
     return torch._dynamo.utils.counters["frames"]["ok"] - before > 1
 
 
+def by_hand(fn, args, new_args, skip_unused=False):
+    """A careful comparison of the arguments instead of the guards: shapes (but the dims marked
+    dynamic), dtypes, requires_grad, contiguity, the Python values (with ``skip_unused``, not
+    ``ignores_y``'s y). Passes the public cases."""
+    _compile_on(fn, args)
+    if skip_unused and fn.__name__ == "ignores_y":
+        args, new_args = args[:1], new_args[:1]
+
+    def meta(a, old):
+        if isinstance(a, torch.Tensor):
+            marked = getattr(old, "_dynamo_dynamic_indices", set())
+            shape = [None if i in marked else n for i, n in enumerate(a.shape)]
+            return shape, a.dtype, a.requires_grad, a.is_contiguous()
+        return type(a), a
+
+    a, b = _flat(args), _flat(new_args)
+    return len(a) != len(b) or any(meta(u, u) != meta(v, u) for u, v in zip(a, b))
+
+
+def test_comparing_arguments_by_hand_fails_on_the_boundaries():
+    for seed in (0, 1):
+        v = assert_rejected(EX, by_hand, "never reads", seed=seed)
+        assert v.passed == 1 and v.message.startswith(  # (the public check passed)
+            "hidden check 2/3 'agrees with the cache where comparing"), v.message
+
+
+def test_a_hand_comparison_that_skips_unused_arguments_fails_on_strides_or_mark_dynamic():
+    def skips_unused(fn, args, new_args):
+        return by_hand(fn, args, new_args, skip_unused=True)
+
+    v = assert_rejected(EX, skips_unused, "you said False, but the second call recompiles")
+    assert "stride mismatch at index 1" in v.message, v.message
+
+
+def test_an_inverted_answer_is_told_so():
+    def inverted(fn, args, new_args):
+        return not _by_guards(_bind_with_defaults)(fn, args, new_args)
+
+    assert_rejected(EX, inverted, "the opposite of the cache's on all 9 cases")
+
+
 def test_the_right_method_passes():
     from grader.checks import run_checks
 

@@ -91,6 +91,14 @@ def test_a_guard_without_dtype_is_refused(reference):
     assert "float64" in v.message
 
 
+def test_a_guard_on_the_first_inputs_dtype_only_is_refused(reference):
+    def guard(args):
+        return tuple(a.shape for a in args), args[0].dtype
+
+    v = assert_rejected(EX, _with_guard(reference(EX), guard), "must trace once more")
+    assert "only the last input in float64" in v.message, v.message
+
+
 def test_tracing_on_every_call_is_refused(reference):
     class NoCache(reference(EX)):
         def __call__(self, *args):

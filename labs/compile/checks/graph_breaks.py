@@ -50,12 +50,18 @@ def _original(name: str, x: torch.Tensor) -> torch.Tensor:
         return programs.BREAKING[name](x.clone())
 
 
-def _no_breaks(name: str, seen: dict) -> None:
-    """explain found no graph break in ``fixed[name]``."""
+def _no_breaks(fixed, name: str, seen: dict) -> None:
+    """explain found no graph break in ``fixed[name]``; when it did, the message names the
+    config entries the notebook changed, which the check ran without."""
     if seen["breaks"]:
+        changed = fixed.probe(probes.changed_config)
+        note = (f" The check ran with torch's default config, not this notebook's: it set "
+                f"{', '.join(map(str, changed[:4]))} back to the default while it ran, so the "
+                "notebook may show fewer breaks than this." if type(changed) is list and changed
+                else "")
         raise CheckFailure(f"torch._dynamo.explain finds {seen['breaks']} graph "
                            f"break(s) in fixed[{name!r}]; the first: {seen['reason']}. Rewrite "
-                           "that part with tensor operations Dynamo can put in the graph.")
+                           f"that part with tensor operations Dynamo can put in the graph.{note}")
 
 
 def _same(name: str, seen: dict, x: torch.Tensor, where: str) -> None:
@@ -88,7 +94,7 @@ def _judge(fixed, cases: list[tuple]) -> None:
         if "raised" in seen:
             raise AnswerRaised(seen["raised"])
         if explain:
-            _no_breaks(name, seen)
+            _no_breaks(fixed, name, seen)
         _same(name, seen, x, where)
 
 
@@ -134,6 +140,17 @@ def hidden_input(name: str, g, k: int) -> torch.Tensor:
             return x
 
 
+def zero_sum_input(g) -> torch.Tensor:
+    """A seeded random (n, d) input for branch whose sum is exactly 0 (small integers, the last
+    one set to balance the rest: exact in float32), where ``x.sum() > 0`` is False: the
+    boundary a rewrite with ``>=`` gets wrong."""
+    n = int(torch.randint(2, 10, (1,), generator=g))
+    d = int(torch.randint(1, 8, (1,), generator=g))
+    x = torch.randint(-3, 4, (n * d,), generator=g).float()
+    x[-1] -= x.sum()
+    return x.reshape(n, d)
+
+
 @check(EXERCISE)
 def names(fixed, ctx):
     """is a dict with a function for each program of programs.BREAKING"""
@@ -165,4 +182,7 @@ def random_inputs(fixed, ctx):
         for k in range(4):
             x = hidden_input(name, g, k)
             cases.append((name, x, False, f"a random input of shape {tuple(x.shape)}"))
+    x = zero_sum_input(g)
+    cases.append(("branch", x, False, f"a random input of shape {tuple(x.shape)} whose sum is "
+                                      "exactly 0 (x.sum() > 0 is False)"))
     _judge(fixed, cases)

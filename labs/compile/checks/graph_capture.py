@@ -10,7 +10,9 @@ the number of graphs, each graph's targets in order and the shapes of each graph
 inputs (the ``example_value`` of its placeholders), and eager ``fn`` the output the compiled
 function must return. Public: the functions of ``programs.BREAKING`` and a function without
 breaks; hidden: seeded random straight-line functions of one or two tensors with graph breaks
-(``torch._dynamo.graph_break()``, ``Tensor.item()``) at random places.
+(``torch._dynamo.graph_break()``, ``Tensor.item()``) at random places, and a function whose
+breaks cut it into identical graphs (:func:`repeated_function`: a recorder that drops a graph
+equal to one it kept fails).
 """
 
 from __future__ import annotations
@@ -179,11 +181,26 @@ def random_function(g):
     return src, args
 
 
+def repeated_function(g):
+    """A seeded function whose graph breaks cut it into 2-4 identical graphs (one op, on inputs
+    of one shape): each is handed to the backend, and each must be kept. Returns (source,
+    args)."""
+    op = _UNARY[int(torch.randint(0, len(_UNARY), (1,), generator=g))]
+    body = "\n    torch._dynamo.graph_break()\n    ".join(
+        [f"t = {op}"] * int(torch.randint(2, 5, (1,), generator=g)))
+    src = f"def fn(t):\n    {body}\n    return t\n"  # (t: each graph's input has one name)
+    n, d = (int(torch.randint(1, 7, (1,), generator=g)) for _ in range(2))
+    return src, (torch.randn(n, d, generator=g),)
+
+
 @check(EXERCISE, hidden=True)
 def random_functions(GraphRecorder, ctx):
-    """records explain's graphs for seeded random functions with graph breaks"""
+    """records explain's graphs for seeded random functions with graph breaks, one of them cut
+    into identical graphs"""
     g = ctx.generator()
-    cases = []
+    src, args = repeated_function(g)
+    cases = [(["source", src], args, "a function cut into identical graphs "
+                                     f"(input of shape {tuple(args[0].shape)})")]
     for k in range(4):
         src, args = random_function(g)
         shape = tuple(args[0].shape)

@@ -13,7 +13,8 @@ answer is wrong, the message quotes the guard that fails (``GuardManager.check_v
 Public: ``programs.scaled_sum`` with seven changes (batch size, dtype, requires_grad, a
 transposed input, a new int, new values, a bool flip) and two that do not recompile; hidden:
 seeded random functions and changes (dims, dtype, int/float/bool constants, the length of a
-list of tensors, a tensor or None for an argument with a default).
+list of tensors, a tensor or None for an argument with a default), and the cases where comparing
+the arguments by hand and reading the guards disagree (:func:`boundary_cases`).
 """
 
 from __future__ import annotations
@@ -82,11 +83,21 @@ def verify(would_recompile, cases: list[tuple]) -> None:
     reply = would_recompile.probe(probes.answers, [
         [fn.__name__, list(args), list(new_args), _marks(args)]
         for _, fn, args, new_args in cases])
-    for (what, fn, args, new_args), seen in paired(cases, reply, "cases"):
-        _judge(seen, fn, args, new_args, what)
+    wrong = [message for (what, fn, args, new_args), seen in paired(cases, reply, "cases")
+             if (message := _judge(seen, fn, args, new_args, what))]
+    if len(wrong) == len(cases) > 2:
+        raise CheckFailure(
+            f"your answers are the opposite of the cache's on all {len(cases)} cases (the first: "
+            f"{wrong[0]}). would_recompile is True when the second call compiles again: when "
+            "no cache entry's guards all pass on new_args (GuardManager.check returns False "
+            "for every entry).")
+    if wrong:
+        raise CheckFailure(wrong[0])
 
 
-def _judge(seen: dict, fn, args: tuple, new_args: tuple, what: str) -> None:
+def _judge(seen: dict, fn, args: tuple, new_args: tuple, what: str) -> str | None:
+    """None when the learner's answer for this case agrees with the cache, else why not;
+    raises CheckFailure for an answer that is not a bool or that compiled new_args."""
     got, compiled = seen["answer"], seen["frames"]
     if type(got["value"]) is not bool:
         raise CheckFailure(f"would_recompile's answer for {what} has type {got['type']}, not a "
@@ -99,19 +110,20 @@ def _judge(seen: dict, fn, args: tuple, new_args: tuple, what: str) -> None:
             "without calling the compiled function on new_args.")
     recompiles, failing = truth(fn, args, new_args)
     if got == recompiles:
-        return
+        return None
     case = f"{what}: {_call(fn, args)}, then {_call(fn, new_args)}"
     if recompiles:
         because = f" (Dynamo's guard check says: `{failing}`)" if failing else ""
-        raise CheckFailure(f"for {case}, you said False, but the second call recompiles"
-                           f"{because}. Evaluate every guard of every cache entry, not only "
-                           "the ones you expect.")
+        return (f"for {case}, you said False, but the second call recompiles{because}. "
+                "Answer from the guards themselves (check each cache entry's guard_manager "
+                "on new_args), not from a comparison of the arguments: a guard can test what "
+                "such a comparison leaves out.")
     defaults = len(new_args) < len(inspect.signature(fn).parameters)
     note = (" new_args leave a parameter to its default, and the frame's locals still hold it."
             if defaults else "")
-    raise CheckFailure(f"for {case}, you said True, but the second call reuses the graph "
-                       "compiled for args: all its guards pass. Guards test what the graph "
-                       f"was specialized on, not everything about the inputs.{note}")
+    return (f"for {case}, you said True, but the second call reuses the graph compiled for "
+            "args: all its guards pass. Guards test what the graph was specialized on, not "
+            f"everything about the inputs.{note}")
 
 
 def public_cases() -> list[tuple]:
@@ -142,8 +154,9 @@ def scaled_sum_changes(would_recompile, ctx):
 
 
 # ------------------------------------------------------------------ hidden: random cases
-reduce_last, scale_by, stack_sum, with_bias, pair = (
-    probes.reduce_last, probes.scale_by, probes.stack_sum, probes.with_bias, probes.pair)
+reduce_last, scale_by, stack_sum, with_bias, pair, ignores_y = (
+    probes.reduce_last, probes.scale_by, probes.stack_sum, probes.with_bias, probes.pair,
+    probes.ignores_y)
 
 
 def random_case(g) -> tuple:
@@ -198,6 +211,37 @@ def random_case(g) -> tuple:
         args = (x,) if bias is None else (x, bias)  # (bias left to its default)
         new_args = (x, new_bias) if new_bias is not None else (x,)
     return f"a random case ({change})", fn, args, new_args
+
+
+def boundary_cases(g) -> list[tuple]:
+    """(what, fn, args, new_args) where comparing the arguments by hand and reading the guards
+    disagree: an argument the function never reads (no guard on it), a size-1 dim whose stride
+    changes while both tensors are contiguous (the stride is guarded), a view at another
+    storage offset (not guarded), and batch 1 or 0 after ``mark_dynamic`` (the symbol's guard
+    is ``2 <= size``: 0 and 1 are specialized)."""
+    r = lambda *shape: torch.randn(*shape, generator=g)
+    n, d = (int(torch.randint(3, 7, (1,), generator=g)) for _ in range(2))
+    x = r(n, d)
+    column = r(n, 1)
+    marked = r(n, d)
+    torch._dynamo.mark_dynamic(marked, 0)
+    batch = int(torch.randint(0, 2, (1,), generator=g))
+    return [
+        ("an argument the function never reads, of a new dtype and shape", ignores_y,
+         (x, r(2)), (x, r(5, 2).double())),
+        ("a size-1 dim with a new stride (both contiguous)", reduce_last, (column,),
+         (r(1, n).t(),)),
+        ("a view at another storage offset", reduce_last, (x,), (r(n + 1, d)[1:],)),
+        (f"batch {batch} after mark_dynamic", programs.scaled_sum, (marked, 2),
+         (r(batch, d), 2)),
+    ]
+
+
+@check(EXERCISE, hidden=True)
+def boundaries(would_recompile, ctx):
+    """agrees with the cache where comparing arguments by hand does not: an unused argument,
+    a size-1 dim's stride, a storage offset, batch 0 or 1 after mark_dynamic"""
+    verify(would_recompile, boundary_cases(ctx.generator()))
 
 
 @check(EXERCISE, hidden=True)

@@ -11,7 +11,8 @@ run). Oracle, in the judge: ``fn`` itself, run eagerly (outputs compared with rt
 sides: torch functions, tensor methods, keywords, constants, binary ops, 1-3 tensor inputs):
 outputs equal eager; ``graphs[-1]`` is a ``torch.fx.GraphModule`` with one placeholder per input
 that, run on new inputs, equals eager; the same shapes again add no graph, a new shape or dtype
-adds exactly one, an earlier shape none; and a function with an ``if`` must raise
+adds exactly one, an earlier shape none, a new dtype of the last input alone one more (where eager
+accepts the mix: ``programs.sin_plus`` does); and a function with an ``if`` must raise
 (:func:`labs.compile.probes.unsupported`)."""
 
 from __future__ import annotations
@@ -92,6 +93,15 @@ def _verify(cls, name: str, spec: list, fn, shapes, new_shapes, g) -> None:
              (_inputs(new_shapes, g), 1, "new shapes"),
              (_inputs(shapes, g), 0, "the first shapes again"),
              (_inputs(shapes, g, torch.float64), 1, "the first shapes in float64")]
+    if len(shapes) > 1:  # (a guard on every input, not only the first: where eager mixes them)
+        mixed = _inputs(shapes, g)
+        mixed[-1] = mixed[-1].double()
+        try:
+            fn(*mixed)
+        except RuntimeError:  # (e.g. a matmul of float32 by float64)
+            pass
+        else:
+            steps.append((mixed, 1, "the first shapes, only the last input in float64"))
     seen = cls.probe(probes.traced, spec, [args for args, _, _ in steps], fresh)
     _class(seen)
     built = seen["built"]

@@ -1,19 +1,19 @@
 """Checks of ``compile.partitioner``: ``RecomputePartitioner()`` is an AOTAutograd partition
-function; ``functorch.compile.aot_function(fn, nop, nop, partition_fn=p)`` must give the
-gradients ``torch.autograd.grad`` gives on eager ``fn``; the forward must save no more bytes for
-backward than ``functorch.compile.min_cut_rematerialization_partition`` (measured by the judge,
-on the same function and inputs); and the backward may recompute only pointwise ops and views:
-any other op (a matmul, a reduction) it calls more often than ``default_partition``'s backward
-fails, whatever it saves. What a forward saves is read at run time: the tensors its graph returns after the
-first ``num_fwd_outputs``. ``p.saved(fn, *inputs)`` must report those (shape, dtype) pairs, for
-the learner's partition and for a subclass that partitions with ``default_partition`` (so it
-must ask ``self``). The partition must choose what to save itself: a call of
-``default_partition`` or ``min_cut_rematerialization_partition`` while it runs is refused
-(seen with ``sys.setprofile``). The probe :func:`labs.compile.probes.partitions` runs the
-learner's partition in the kernel and reports the output, the gradients, what the forward saved
-(shapes and dtypes) and what ``saved()`` said; eager, the library's partitioners and the bytes
-they save run in the judge. Public: the two functions of ``programs.PARTITIONED``; hidden:
-seeded random chains (matmul or linear, then pointwise ops)."""
+function; ``functorch.compile.aot_function(fn, nop, nop, partition_fn=p)`` must give the gradients
+``torch.autograd.grad`` gives on eager ``fn``; the forward must save no more bytes for backward
+than ``functorch.compile.min_cut_rematerialization_partition`` (measured by the judge, on the same
+function and inputs); and the backward may recompute only pointwise ops and views: any other op (a
+matmul, a reduction) it calls more often than ``default_partition``'s backward fails, whatever it
+saves. What a forward saves is read at run time: the tensors its graph returns after the first
+``num_fwd_outputs``. ``p.saved(fn, *inputs)`` must report those (shape, dtype) pairs, for the
+learner's partition and for a subclass that partitions with ``default_partition`` (so it must ask
+``self``). The partition must choose what to save itself: a call of ``default_partition`` or
+``min_cut_rematerialization_partition`` while it runs is refused (seen with ``sys.setprofile``).
+The probe :func:`labs.compile.probes.partitions` runs the learner's partition in the kernel and
+reports the output, the gradients, what the forward saved (shapes and dtypes) and what ``saved()``
+said; eager, the library's partitioners and the bytes they save run in the judge. Public: the two
+functions of ``programs.PARTITIONED``; hidden: seeded random chains (matmul or linear, then
+pointwise ops)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,24 @@
 """Checks of ``compile.recompiles``: ``recompiles = {"predicted": ..., "compile_once": ...}``.
 
-``predicted`` (a dict, or a function with no arguments returning it): sequence name -> the
-number of frames Dynamo compiles when ``programs.scaled_sum`` is compiled fresh and called with
-that sequence of ``programs.call_sequences()``. The probe :func:`labs.compile.probes.predictions`
-reports the predictions; the oracle is a ``CompileCounter`` backend
+``predicted(calls) -> int``: the number of frames Dynamo compiles when ``programs.scaled_sum`` is
+compiled fresh and called with ``calls`` (a list of ``(x, scale)`` tuples), predicted without
+compiling. The probe :func:`labs.compile.probes.predictions` calls it in the kernel on each
+sequence and reports the answers and the frames Dynamo compiled meanwhile (any fails: a prediction
+that runs the compiler is a count, not a prediction); the oracle is a ``CompileCounter`` backend
 (``torch/_dynamo/testing.py``) in the judge: each sequence is run at check time on an empty cache
-with torch's default config, and each prediction is compared with the frames it counted.
+with torch's default config. Public: ``programs.call_sequences()``; hidden: seeded random sequences
+(:func:`random_calls`).
 
-``compile_once(fn, backend)`` must return a compiled ``fn``, compiled by ``backend``, that
-compiles exactly one frame for a sequence of calls whose tensors keep their dtype and number of
-dims (every size >= 2, the first call's sizes all different) and whose Python ints (>= 2) and
-floats vary, with outputs equal to eager. The probe :func:`labs.compile.probes.compiled_once`
-runs each sequence through ``compile_once(fn, counter)`` in the kernel and reports the frames
-counted and the outputs; the judge compares the outputs with eager ``fn`` run here. Public: the
-sequences of ``call_sequences()`` that qualify; hidden: seeded random sequences for functions of
-one or two tensors and an int or a float (``scaled_sum``, a reshape by an int, a matmul scaled
+``compile_once(fn, backend)`` must return a compiled ``fn``, compiled by ``backend``, that compiles
+exactly one frame for a sequence of calls whose tensors keep their dtype and number of dims (every
+size >= 2, the first call's sizes all different) and whose Python ints (>= 2) and floats vary, with
+outputs equal to eager, every call running that one graph (none run eagerly, as calls past
+``recompile_limit`` are), and ``torch._dynamo.config`` left as it was. The probe
+:func:`labs.compile.probes.compiled_once` runs each sequence through ``compile_once(fn, counter)``
+in the kernel and reports the frames counted, the calls that ran a compiled graph, the config
+entries changed and the outputs; the judge compares the outputs with eager ``fn`` run here. Public:
+the sequences of ``call_sequences()`` that qualify; hidden: seeded random sequences for functions
+of one or two tensors and an int or a float (``scaled_sum``, a reshape by an int, a matmul scaled
 by a float).
 """
 
@@ -41,26 +45,6 @@ def _parts(shape: dict) -> None:
                            "with the keys 'predicted' and 'compile_once'.")
 
 
-def _predictions(seen: dict, names) -> dict:
-    """The learner's predictions as a dict, checked for names and int values."""
-    what = "recompiles['predicted'] (or what it returns)"
-    got = seen["value"]
-    if seen["unplain"] or type(got) is not dict:
-        raise CheckFailure(f"{what} has type {seen['type']}, not a dict.")
-    missing = [n for n in names if n not in got]
-    extra = [k for k in got if k not in names]
-    if missing or extra:
-        raise CheckFailure(
-            f"recompiles['predicted'] has no prediction for {missing or 'nothing'} and unknown "
-            f"keys {extra or 'none'}: its keys are the names of programs.call_sequences(): "
-            f"{', '.join(map(repr, names))}.")
-    for name in names:
-        if type(got[name]) is not int:
-            raise CheckFailure(f"the prediction for {name!r} has type "
-                               f"{type(got[name]).__name__}, not a int.")
-    return got
-
-
 def _value(v) -> str:
     if isinstance(v, torch.Tensor):
         dims = sorted(getattr(v, "_dynamo_dynamic_indices", ()))
@@ -83,31 +67,78 @@ def describe(fn, calls: list[tuple]) -> str:
     return "; ".join(parts)
 
 
-def _plain_compile(fn, backend):
-    return torch.compile(fn, backend=backend)
+def verify_predictions(recompiles, sequences: list[tuple]) -> None:
+    """``recompiles["predicted"](calls)`` equals the frames a fresh ``torch.compile(scaled_sum)``
+    compiles for each sequence ``(label, calls)``, and compiled nothing itself."""
+    seen = recompiles.probe(probes.predictions, [[[list(a) for a in calls], _marks(calls)]
+                                                 for _, calls in sequences])
+    _parts(seen["shape"])
+    if not seen["callable"]:
+        raise CheckFailure(f"recompiles['predicted'] is a {seen['type']}; it is a function "
+                           "predicted(calls) -> int.")
+    wrong = []
+    for (label, calls), got in paired(sequences, seen["answers"], "sequences"):
+        if type(got["frames"]) is not int or got["frames"]:
+            raise CheckFailure(
+                f"on {label}, predicted(calls) made Dynamo compile {got['frames']} frame(s): it "
+                "ran torch.compile to count. Predict without compiling: model the cache (its "
+                "entries, the guards each accepts, what automatic dynamic makes symbolic).")
+        answer = got["answer"]
+        if type(answer["value"]) is not int:
+            raise CheckFailure(f"on {label}, predicted(calls) returned a {answer['type']}, "
+                               "not an int.")
+        with probes.fresh_compiler():
+            frames = _frames(programs.scaled_sum, calls)
+        if answer["value"] != frames:
+            wrong.append(f"{label} (you said {answer['value']}; the calls: "
+                         f"{describe(programs.scaled_sum, calls)})")
+    if wrong:
+        raise CheckFailure(
+            f"{len(wrong)} prediction(s) of {len(sequences)} are not right: "
+            f"{'; '.join(wrong[:3])}. For each call, ask whether the graphs compiled so far have "
+            "guards it passes (shape, dtype, the value of a specialized number), and what "
+            "Dynamo makes symbolic when one fails (automatic dynamic; sizes 0 and 1 stay "
+            "specialized, ints do not).")
 
 
 @check(EXERCISE)
 def predictions(recompiles, ctx):
     """predicts the frames compiled for each sequence of programs.call_sequences()"""
-    seen = recompiles.probe(probes.predictions)
-    _parts(seen["shape"])
-    names = list(programs.call_sequences())
-    guess = _predictions(seen["predicted"], names)
-    wrong = []
-    for name in names:
-        calls = programs.call_sequences()[name]  # (fresh tensors: mark_dynamic on new ones)
-        with probes.fresh_compiler():
-            frames = _frames(programs.scaled_sum, calls)
-        if guess[name] != frames:
-            wrong.append(f"'{name}' (you said {guess[name]}; the calls: "
-                         f"{describe(programs.scaled_sum, calls)})")
-    if wrong:
-        raise CheckFailure(
-            f"{len(wrong)} prediction(s) are not right: {'; '.join(wrong)}. For each call, "
-            "ask whether the graphs compiled so far have guards it passes (shape, dtype, the "
-            "value of a specialized number), and what Dynamo makes dynamic when one fails "
-            "(automatic dynamic shapes; 0/1 specialization).")
+    verify_predictions(recompiles, [(f"the sequence '{name}'", calls)
+                                    for name, calls in programs.call_sequences().items()])
+
+
+def random_calls(g) -> list[tuple]:
+    """3 to 6 seeded random calls of ``scaled_sum(x, scale)``: x of 2 dims of sizes 1 to 6 (a
+    size kept from the call before more often than not), float32 or now and then float64, the
+    first one marked dynamic on dim 0 now and then; scale of one kind for the sequence (int 1
+    to 4, float, bool), often kept from the call before."""
+    def pick(seq):
+        return seq[int(torch.randint(0, len(seq), (1,), generator=g))]
+
+    def chance(p: float) -> bool:
+        return float(torch.rand((), generator=g)) < p
+
+    kind = pick(((1, 2, 3, 4), (0.5, 1.5, 2.5), (True, False)))
+    calls = []
+    for k in range(int(torch.randint(3, 7, (1,), generator=g))):
+        last = calls[-1] if calls else None
+        b = pick((1, 2, 3, 4, 5, 6)) if last is None or chance(0.6) else last[0].shape[0]
+        c = pick((2, 3, 4)) if last is None or chance(0.25) else last[0].shape[1]
+        x = torch.randn(b, c, generator=g,
+                        dtype=torch.float64 if chance(0.3) else torch.float32)
+        if last is None and b >= 2 and chance(0.2):
+            torch._dynamo.mark_dynamic(x, 0)
+        calls.append((x, pick(kind) if last is None or chance(0.5) else last[1]))
+    return calls
+
+
+@check(EXERCISE, hidden=True)
+def predictions_on_random_sequences(recompiles, ctx):
+    """predicts the frames compiled for seeded random sequences of scaled_sum calls"""
+    g = ctx.generator()
+    verify_predictions(recompiles, [(f"random sequence {k + 1}", random_calls(g))
+                                    for k in range(12)])
 
 
 def _frames(fn, calls: list[tuple]) -> int:
@@ -166,11 +197,23 @@ def verify_once(recompiles, cases: list[tuple]) -> None:
         if not run["callable"]:
             raise CheckFailure(f"it returned {run['returned']}, not a callable (the compiled "
                                "function).")
-        frames = run["frames"]
+        frames, changed = run["frames"], run["config"]
+        if type(changed) is not list or changed:
+            raise CheckFailure(
+                f"on {label}, compile_once changed torch._dynamo.config ({changed}): a global, "
+                "which every function compiled in this process then sees (a recompile_limit of "
+                "1 makes each of them run eagerly after its first guard fails). Choose how fn "
+                "is compiled with torch.compile's own arguments.")
         if frames == 0:
             raise CheckFailure(f"on {label}, the backend passed to compile_once compiled no "
                                "frame: use the backend you are given (torch.compile(fn, "
                                "backend=backend, ...)); returning fn itself runs it eagerly.")
+        if run["graph_runs"] != len(calls):
+            raise CheckFailure(
+                f"on {label}, {len(calls) - run['graph_runs']} of the {len(calls)} calls ran no "
+                "compiled graph: Dynamo ran them eagerly (it gives up on a frame once "
+                "recompile_limit graphs failed their guards). Compile once means one graph "
+                "that every call runs.")
         if frames > 1:
             raise CheckFailure(f"on {label}, compile_once's function compiled {frames} frames, "
                                f"not 1. The calls: {describe(fn, calls)}. Each recompile is a "

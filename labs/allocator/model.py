@@ -17,7 +17,7 @@ OOM path (``alloc_block``, ``release_available_cached_blocks``, ``release_cached
 ``releasePool``), the statistics of ``memory_stats()`` and the ``_snapshot()`` format.
 Not modelled: expandable segments, the garbage-collection threshold, memory fractions, IPC.
 
-**Instructor-only.** The model answers exercises 1-5, so the learners' copy of the course leaves
+**Instructor-only.** The model answers exercises 1-6, so the learners' copy of the course leaves
 this module out (``instructor_only`` in ``lab.toml``), and grading kernels do not see it. What
 learners see of it is recorded: :func:`run` replays a trace and returns every step as plain
 data, and ``python -m labs.allocator.model`` writes the runs the notebook shows and the public
@@ -661,6 +661,7 @@ def recordings() -> dict:
         "vs_real_random": run(traces.random_trace(rng, 60), capacity=64 * GiB),
         "fragmented": run(traces.FRAGMENTED, capacity=100 * MiB, end_state=True),
         "graph_pool": run(traces.GRAPH_POOL, end_state=True),
+        "graph_random": run(traces.graph_trace(rng, 80), capacity=192 * MiB),
     }
     plans = {f"{n},{d}": allocation_plan(n, d) for n, d in traces.PLANS}
     oom_cases = {"fragmented": oom_case(traces.FRAGMENTED, 100 * MiB),

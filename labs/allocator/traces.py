@@ -126,6 +126,28 @@ GRAPH_POOL = [("begin_pool", (1, 0), 1), ("malloc", 1, 3 * MiB, 1), ("end_pool",
               ("free", 1), ("malloc", 2, 3 * MiB, 1), ("free", 2), ("empty_cache",),
               ("release_pool", (1, 0)), ("empty_cache",)]
 
+#: allocator.graph-pools' fixed hidden cases, each a rule of a capture: (trace, capacity in MiB)
+GRAPH_EDGES = {
+    # a block freed before the capture, its event complete: no process_events during the
+    # capture (a new segment for #2), the next malloc after it frees and reuses the block
+    "a pending block during a capture": ([
+        ("malloc", 1, 3 * MiB, 0), ("use", 1, 1), ("free", 1), ("sync", 1),
+        ("begin_pool", (1, 0), 2), ("malloc", 2, 3 * MiB, 0), ("end_pool", (1, 0)),
+        ("malloc", 3, 3 * MiB, 0)], 2048),
+    # out of memory in a capture: no release_cached_blocks, so the cached 40 MiB stays
+    "out of memory during a capture": ([
+        ("malloc", 1, 40 * MiB, 0), ("free", 1), ("begin_pool", (1, 0), 1),
+        ("malloc", 2, 30 * MiB, 1), ("end_pool", (1, 0)), ("malloc", 3, 30 * MiB, 1)], 64),
+    # two graphs share a pool: a block freed in the first capture serves the second; the
+    # capturing stream's requests after a capture go to the default pool; the pool's segment
+    # survives empty_cache until both graphs are destroyed
+    "a pool two graphs share": ([
+        ("begin_pool", (1, 0), 1), ("malloc", 1, 3 * MiB, 1), ("free", 1), ("end_pool", (1, 0)),
+        ("begin_pool", (1, 0), 1), ("malloc", 2, 3 * MiB, 1), ("end_pool", (1, 0)),
+        ("malloc", 3, 3 * MiB, 1), ("free", 2), ("free", 3), ("release_pool", (1, 0)),
+        ("empty_cache",), ("release_pool", (1, 0)), ("empty_cache",)], 2048),
+}
+
 #: section 2's tables: (request in bytes, roundup_power2_divisions) whose plans are recorded
 PLANS = [(n, 0) for n in (1, 512, 513, 1000, MiB, MiB + 1, 5 * MiB, 10 * MiB - 1, 10 * MiB + 1,
                          25 * MiB, 1200, 5 * MiB + 7, 300 * MiB)]
@@ -243,6 +265,74 @@ def random_trace(rng: random.Random, n: int, *, streams: int = 1, large: bool = 
             handle += 1
             trace.append(("malloc", handle, interesting_size(rng, large), rng.randrange(streams)))
             live.append(handle)
+    return trace
+
+
+def graph_trace(rng: random.Random, n: int, *, live_max: int = 10) -> list[tuple]:
+    """A seeded trace of ``n`` ops with CUDA graph captures. Outside a capture: mallocs, frees,
+    uses and syncs on streams 0 to 2 (as :func:`random_trace` makes them), ``empty_cache``, and
+    now and then a graph destroyed (``release_pool`` of a pool a graph holds) or a capture
+    begun on stream 1 or 2, into a new private pool or (sharing it, ``pool=g.pool()``) one a
+    graph holds. During a capture (2 to 8 ops): mallocs on the capturing stream and on others,
+    and frees of blocks no other stream used; none of what would break a real capture (a
+    stream sync, ``empty_cache``) or what the exercise leaves out (a free deferred until the
+    capture ends). Pool ids are ``(k, 0)``, a new ``k`` for each new pool."""
+    trace: list[tuple] = []
+    live: list[int] = []
+    used: set[int] = set()  # handles used on another stream (record_stream)
+    held: dict[tuple, int] = {}  # pool id -> graphs that hold it
+    handle, pools, capture, left = 0, 0, None, 0
+
+    def malloc(stream: int) -> None:
+        nonlocal handle
+        handle += 1
+        trace.append(("malloc", handle, interesting_size(rng), stream))
+        live.append(handle)
+
+    while len(trace) < n:
+        pick = rng.random()
+        if capture is not None:
+            plain = [h for h in live if h not in used]
+            if left == 0:
+                trace.append(("end_pool", capture[0]))
+                capture = None
+            elif plain and (len(live) >= live_max or pick < 0.35):
+                gone = plain[rng.randrange(len(plain))]
+                live.remove(gone)
+                trace.append(("free", gone))
+            else:
+                malloc(capture[1] if pick < 0.8 else rng.randrange(3))
+            left -= 1
+        elif pick < 0.08:
+            shared = [pool for pool, count in held.items() if count > 0]
+            if shared and rng.random() < 0.3:
+                pool = rng.choice(shared)
+            else:
+                pools += 1
+                pool = (pools, 0)
+            held[pool] = held.get(pool, 0) + 1
+            capture, left = (pool, rng.choice([1, 2])), rng.randint(2, 8)
+            trace.append(("begin_pool", pool, capture[1]))
+        elif pick < 0.13 and any(held.values()):
+            pool = rng.choice([pool for pool, count in held.items() if count > 0])
+            held[pool] -= 1
+            trace.append(("release_pool", pool))
+        elif pick < 0.17:
+            trace.append(("empty_cache",))
+        elif live and (len(live) >= live_max or pick < 0.5):
+            gone = live.pop(rng.randrange(len(live)))
+            used.discard(gone)
+            trace.append(("free", gone))
+        elif live and pick < 0.6:
+            chosen = rng.choice(live)
+            used.add(chosen)
+            trace.append(("use", chosen, rng.randrange(3)))
+        elif pick < 0.66:
+            trace.append(("sync", rng.randrange(3)))
+        else:
+            malloc(rng.randrange(3))
+    if capture is not None:
+        trace.append(("end_pool", capture[0]))
     return trace
 
 

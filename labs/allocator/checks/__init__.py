@@ -2,6 +2,7 @@
 from labs.allocator.checks import (  # noqa: F401  (imported to register their checks)
     best_fit_split,
     coalesce,
+    graph_pools,
     oom_forensics,
     round_size,
     streams,

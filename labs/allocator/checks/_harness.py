@@ -83,9 +83,10 @@ def replayed(cls, trace: list[tuple], capacity: int, max_split_size: int | None)
     return seen
 
 
-def plain_snapshot(value, what: str = "snapshot()") -> list[dict]:
+def plain_snapshot(value, what: str = "snapshot()", pools: bool = False) -> list[dict]:
     """The learner's segments, checked to be plain lists/dicts/ints/strs (a subclass could lie
-    when compared), reduced to what is compared."""
+    when compared), reduced to what is compared (with ``pools``, each segment's
+    ``segment_pool_id`` too, as a tuple)."""
     exact(value, list, f"the value {what} returned")
     out = []
     for i, seg in enumerate(value):
@@ -115,6 +116,15 @@ def plain_snapshot(value, what: str = "snapshot()") -> list[dict]:
         out.append({"address": seg["address"], "total_size": seg["total_size"],
                     "stream": seg["stream"], "segment_type": seg["segment_type"],
                     "blocks": blocks})
+        if pools:
+            pool = seg.get("segment_pool_id")
+            if type(pool) not in (tuple, list) or len(pool) != 2 or any(
+                    type(k) is not int for k in pool):
+                raise CheckFailure(
+                    f"segment {i} of {what} has segment_pool_id {pool!r}: a pair of ints, "
+                    "(0, 0) for the default pools, the graph's pool id for a private pool's "
+                    "segment.")
+            out[-1]["segment_pool_id"] = tuple(pool)
     return out
 
 
@@ -169,14 +179,22 @@ def compare(cls, run: traces.Run, *, label: str = "a trace", seen: dict | None =
     the address returned, the cudaMalloc / cudaFree calls, or the segments and blocks differ
     from the reference model's ``run``."""
     trace, capacity, max_split_size = run.trace, run.capacity, run.max_split_size
+    pools = any(op[0] == "begin_pool" for op in trace)  # (segment pool ids compared too)
     seen = seen or replayed(cls, trace, capacity, max_split_size)
     setting = "" if max_split_size is None else f", max_split_size={size(max_split_size)}"
     if not run.coalesce:
         setting += "; compared with the rules without merging (exercise 2)"
     mine_live: dict[int, int] = {}
     before_ref: list[dict] = []
+    capture = None  # (pool id, stream) of the capture underway
     for step, (op, ref) in enumerate(zip(trace, run.steps), 1):
-        where = f"on {label} (capacity {size(capacity)}{setting}), after step {step}"
+        if op[0] == "begin_pool":
+            capture = (tuple(op[1]), op[2])
+        elif op[0] == "end_pool":
+            capture = None
+        during = ("" if capture is None else
+                  f" (during the capture into pool {capture[0]} on stream {capture[1]})")
+        where = f"on {label} (capacity {size(capacity)}{setting}), after step {step}{during}"
         if step > len(seen["steps"]):
             if seen["raised"]:
                 raise AnswerRaised(seen["raised"])
@@ -196,7 +214,7 @@ def compare(cls, run: traces.Run, *, label: str = "a trace", seen: dict | None =
             raise CheckFailure(
                 f"{where}: your malloc raised DeviceOutOfMemory, but {MODEL} finds memory for "
                 f"it ({_locate(ref.segments, ref_result)})." + context)
-        segs_mine = plain_snapshot(mine["snapshot"])
+        segs_mine = plain_snapshot(mine["snapshot"], pools=pools)
         if op[0] == "malloc" and not isinstance(ref_result, DeviceOutOfMemory):
             exact(mine_result, int, f"the address malloc returned at step {step}")
             owner = next((s for s in segs_mine
@@ -208,7 +226,7 @@ def compare(cls, run: traces.Run, *, label: str = "a trace", seen: dict | None =
                     "stream they were allocated on (pools are ordered by stream first)." + context)
         calls_ref = Counter(c for c in ref.calls if c[0] in ("cudaMalloc", "cudaFree"))
         calls_mine = Counter(tuple(c) for c in mine["calls"])
-        segs_ref = [_reduce(s) for s in ref.segments]
+        segs_ref = [_reduce(s, pools) for s in ref.segments]
         if calls_ref != calls_mine:
             why = _SEGMENTS
             if op[0] == "malloc" and any(c[0] == "cudaMalloc" and c[2] is None
@@ -216,25 +234,46 @@ def compare(cls, run: traces.Run, *, label: str = "a trace", seen: dict | None =
                 why = _oom_path(max_split_size)
             elif op[0] == "malloc":
                 why += " " + _why_malloc(before_ref, segs_ref, op, ref.rounded, max_split_size)
-            raise CheckFailure(f"{where}: {_calls(calls_mine, calls_ref)} {why}" + context)
+            raise CheckFailure(f"{where}: {_calls(calls_mine, calls_ref)} {why}"
+                               + _graph_rule(op, capture, pools) + context)
         invariants(segs_mine, mine["segments"], mine_live, where)
         if op[0] == "malloc" and mine_result != ref_result and isinstance(ref_result, int):
             why = _why_malloc(before_ref, segs_ref, op, ref.rounded, max_split_size)
             raise CheckFailure(
                 f"{where}: your malloc returned {_locate(segs_mine, mine_result)}; {MODEL} "
                 f"returns {_locate(segs_ref, ref_result)}. {why} The allocation is the front of "
-                "the chosen block (its address); a split-off rest follows it." + context)
+                "the chosen block (its address); a split-off rest follows it."
+                + _graph_rule(op, capture, pools) + context)
         if segs_mine != segs_ref:
             raise CheckFailure(
                 f"{where}: {_diff(segs_mine, segs_ref, run.coalesce, before_ref)}" + context)
         before_ref = segs_ref
 
 
-def _reduce(seg: dict) -> dict:
-    return {"address": seg["address"], "total_size": seg["total_size"], "stream": seg["stream"],
-            "segment_type": seg["segment_type"],
-            "blocks": [{"address": b["address"], "size": b["size"], "state": b["state"],
-                        "requested_size": b["requested_size"]} for b in seg["blocks"]]}
+def _graph_rule(op: tuple, capture, pools: bool) -> str:
+    """The CUDA graph rule that decides ``op`` on a trace with captures, in words
+    (``DeviceCachingAllocator::malloc`` while ``captures_underway`` is not empty;
+    ``release_cached_blocks`` and ``releasePool``)."""
+    if capture is not None and op[0] == "malloc":
+        return (" During a capture, malloc neither frees the pending blocks whose events "
+                "completed (no process_events) nor, out of memory, cudaFrees every cached "
+                "segment (no release_cached_blocks): only release_available_cached_blocks of "
+                "the request's own pool runs, then one retry.")
+    if pools and op[0] == "empty_cache":
+        return (" empty_cache cudaFrees a private pool's whole cached segments only once no "
+                "graph holds the pool: every graph that captured into it (or shared it) was "
+                "destroyed (release_pool).")
+    return ""
+
+
+def _reduce(seg: dict, pools: bool = False) -> dict:
+    out = {"address": seg["address"], "total_size": seg["total_size"], "stream": seg["stream"],
+           "segment_type": seg["segment_type"],
+           "blocks": [{"address": b["address"], "size": b["size"], "state": b["state"],
+                       "requested_size": b["requested_size"]} for b in seg["blocks"]]}
+    if pools:
+        out["segment_pool_id"] = tuple(seg["segment_pool_id"])
+    return out
 
 
 def _calls(mine: Counter, ref: Counter) -> str:
@@ -321,10 +360,13 @@ def _diff(mine: list[dict], ref: list[dict], coalesce: bool, before: list[dict])
     for i, (a, b) in enumerate(zip(mine, ref)):
         if a == b:
             continue
-        for key in ("address", "total_size", "stream", "segment_type"):
-            if a[key] != b[key]:
-                return (f"segment {i} has {key} {a[key]!r} in your snapshot, {b[key]!r} in "
-                        f"{MODEL}'s.")
+        for key in ("address", "total_size", "stream", "segment_type", "segment_pool_id"):
+            if a.get(key) != b.get(key):
+                why = (" During a capture, requests on the capturing stream are served from the "
+                       "capture's private pool, and only from it (get_pool); its segments keep "
+                       "that pool id for good." if key == "segment_pool_id" else "")
+                return (f"segment {i} has {key} {a.get(key)!r} in your snapshot, {b.get(key)!r} "
+                        f"in {MODEL}'s.{why}")
         sizes_a = [(x["size"], x["state"]) for x in a["blocks"]]
         sizes_b = [(x["size"], x["state"]) for x in b["blocks"]]
         if sizes_a == sizes_b:

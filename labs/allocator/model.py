@@ -1,4 +1,5 @@
-"""The lab's reference model of the CUDA caching allocator of torch 2.13.0, rule for rule.
+"""The lab's reference model of the CUDA caching allocator of torch 2.13.0, rule for rule for
+what it models (below), under the default allocator settings.
 
 Every constant and rule is the one in ``c10/cuda/CUDACachingAllocator.cpp`` (class
 ``DeviceCachingAllocator`` and the helpers named below) and the allocator-config headers
@@ -15,7 +16,21 @@ per-stream reuse with ``recordStream`` and events (``insert_events``, ``process_
 OOM path (``alloc_block``, ``release_available_cached_blocks``, ``release_cached_blocks``),
 ``emptyCache``, CUDA-graph private pools (``beginAllocateToPool``, ``endAllocateToPool``,
 ``releasePool``), the statistics of ``memory_stats()`` and the ``_snapshot()`` format.
-Not modelled: expandable segments, the garbage-collection threshold, memory fractions, IPC.
+
+Not modelled (the notebook's section 7 lists the same): the garbage-collection threshold
+(``garbage_collection_threshold``, ``garbage_collect_cached_blocks``) and memory fractions
+(``setMemoryFraction``, ``allowed_memory_maximum``); expandable segments;
+``large_segment_size_mb`` (``AcceleratorAllocatorConfig::large_segment_size()``: the model's
+segment for a request between 1 and 10 MiB is always its 20 MiB default, ``K_LARGE_BUFFER``, as
+is the default of ``max_non_split_rounding``); ``roundup_power2_divisions`` per size interval
+(one value for all sizes here); the free-memory callbacks and the second ``get_free_block``
+after them (``trigger_free_memory_callbacks``, ``FreeCudaMemoryCallbacksRegistry``), so only
+``cudaMalloc`` is retried; ``MemPool`` (``use_mem_pool``, ``use_on_oom``, ``no_split``, a pool's
+own allocator), pluggable allocators and ``cudaMallocAsync``; a side stream joining a capture
+(only the stream given to ``begin_allocate_to_pool`` is routed to the private pool: the real
+filter, ``CUDAGraph::create_allocate_filter``, accepts every stream whose capture id is the
+graph's) and frees deferred until a capture ends; IPC; host (pinned) memory. So "matches the real
+allocator step by step" holds for traces and settings that use none of these.
 
 **Instructor-only.** The model answers exercises 1-6, so the learners' copy of the course leaves
 this module out (``instructor_only`` in ``lab.toml``), and grading kernels do not see it. What
@@ -162,8 +177,9 @@ class CachingAllocatorModel:
 
     ``max_split_size`` (bytes; ``max_split_size_mb`` in ``PYTORCH_ALLOC_CONF``, default no limit),
     ``roundup_power2_divisions`` (one value for every size interval; default 0: off),
-    ``max_non_split_rounding`` (bytes; default ``kLargeBuffer``). ``coalesce=False`` leaves freed
-    blocks unmerged (exercise 2's allocator; the real one always merges).
+    ``max_non_split_rounding`` (bytes; default 20 MiB, the large segment size).
+    ``coalesce=False`` leaves freed blocks unmerged (exercise 2's allocator; the real one always
+    merges).
 
     ``malloc(size, stream)`` returns the block's address (int) or raises
     :class:`DeviceOutOfMemory`; ``free(ptr)``; ``record_stream(ptr, stream)``; ``empty_cache()``;

@@ -114,3 +114,111 @@ def on_cuda(replay_on_cuda, trace: list) -> dict:
         torch.cuda.empty_cache()
     return {"reserved": 0, "result": result, "oracle": called[:3],
             "allocations": sum(e["action"] == "alloc" for e in events)}
+
+
+# ------------------------------------------------------------------ allocator.autocast
+def amp_program(spec: list):
+    """The function of an ``allocator.autocast`` case: ``spec`` is a list of steps over a hidden
+    value ``h`` (starting as ``x``), with parameters ``W[i]`` (``d x d``) and ``b[i]`` (``d``):
+    ``["linear", i, bias]``, ``["matmul", i]`` (``h @ W[i].t()``), ``["mm", i]``,
+    ``["addmm", i]`` (``addmm(b[i], h, W[i].t())``), ``["relu"]``, ``["tanh"]``, ``["add_y"]``;
+    then outputs: ``["mse_loss"]`` (against ``t``), ``["prod"]``, ``["cdist"]``, ``["cat"]``
+    (``h``, the bfloat16 ``y16`` and the float64 ``z64``), ``["log_softmax"]``, ``["h"]``.
+    Returns ``fn(x, W, b, t, y16, z64) -> tuple of outputs``."""
+    import torch
+    import torch.nn.functional as F
+
+    def fn(x, W, b, t, y16, z64):
+        h, outs = x, []
+        for step in spec:
+            kind = step[0]
+            if kind == "linear":
+                h = F.linear(h, W[step[1]], b[step[1]] if step[2] else None)
+            elif kind == "matmul":
+                h = h @ W[step[1]].t()
+            elif kind == "mm":
+                h = torch.mm(h, W[step[1]])
+            elif kind == "addmm":
+                h = torch.addmm(b[step[1]], h, W[step[1]].t())
+            elif kind in ("relu", "tanh"):
+                h = getattr(h, kind)()
+            elif kind == "add_y":
+                h = h + t
+            elif kind == "mse_loss":
+                outs.append(F.mse_loss(h, t))
+            elif kind == "prod":
+                outs.append(torch.prod(h.tanh() * 0.1 + 1, 1))
+            elif kind == "cdist":
+                outs.append(torch.cdist(h, h))
+            elif kind == "cat":
+                outs.append(torch.cat([h, y16, z64], 0))
+            elif kind == "log_softmax":
+                outs.append(h.log_softmax(-1))
+            else:
+                outs.append(h)
+        return tuple(outs)
+
+    return fn
+
+
+def amp_run(enter, spec: list, tensors: dict, regions: str) -> dict:
+    """Run the case's program under the context manager ``enter()`` (a ``MiniAutocast()``, or
+    ``torch.autocast("cpu", dtype=torch.bfloat16)`` in the judge), counting the casts
+    (``aten._to_copy`` calls, seen by a ``TorchDispatchMode`` below it) after each call:
+    ``regions`` ``"one"``: one call in one region; ``"two"``: one call in each of two regions;
+    ``"nested"``: a call in a region nested in another, then one in the outer region. Returns
+    ``{"outputs": [each call's outputs], "casts": [casts counted after each call], "grads":
+    [the gradients of the sum of every output (as float32) for each W, then each b]}``, the
+    parameters being float32 leaves that require grad."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Casts(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default:
+                Casts.count += 1
+            return func(*args, **(kwargs or {}))
+
+    W = [w.detach().clone().requires_grad_() for w in tensors["W"]]
+    b = [v.detach().clone().requires_grad_() for v in tensors["b"]]
+    fn, args = amp_program(spec), (tensors["x"], W, b, tensors["t"], tensors["y16"],
+                                   tensors["z64"])
+    outputs, casts = [], []
+
+    def call():
+        outputs.append(list(fn(*args)))
+        casts.append(Casts.count)
+
+    with Casts():
+        if regions == "nested":
+            with enter():
+                with enter():
+                    call()
+                call()
+        else:
+            for _ in range(2 if regions == "two" else 1):
+                with enter():
+                    call()
+    total = sum(o.float().sum() for outs in outputs for o in outs)
+    grads = (torch.autograd.grad(total, W + b, allow_unused=True) if total.requires_grad
+             else [None] * len(W + b))  # (a program that uses no parameter)
+    return {"outputs": outputs, "casts": casts,
+            "grads": [g if g is None else g.detach() for g in grads]}
+
+
+@probe
+def autocast_runs(MiniAutocast, cases: list) -> list:
+    """:func:`amp_run` of ``MiniAutocast()`` for each ``[spec, tensors, regions]``; an entry
+    ``{"raised": record}`` ends the list where the answer raised."""
+    from grader.checks import raised
+
+    out = []
+    for spec, tensors, regions in cases:
+        try:
+            out.append(amp_run(MiniAutocast, spec, tensors, regions))
+        except Exception as exc:  # noqa: BLE001  (the judge reports it)
+            out.append({"raised": raised(exc)})
+            break
+    return out

@@ -3,9 +3,9 @@ caching allocator's size constants, the block states and statistics of its memor
 and bytes in words. None of it decides where a block goes: that is the exercises' work (and the
 reference model's, which stays with the instructor).
 
-Sources: ``c10/core/AllocatorConfig.h`` (the constants), ``c10/cuda/CUDACachingAllocator.cpp``
-(``kLargeBuffer``, ``DeviceCachingAllocator::snapshot``, ``getStats``) and
-``c10/core/Allocator.h`` (``Stat``).
+Sources: ``c10/core/AllocatorConfig.h`` (the constants, and the large segment size:
+``AcceleratorAllocatorConfig::large_segment_size()``), ``c10/cuda/CUDACachingAllocator.cpp``
+(``DeviceCachingAllocator::snapshot``, ``getStats``) and ``c10/core/Allocator.h`` (``Stat``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ K_SMALL_BUFFER = 2 * MiB
 K_MIN_LARGE_ALLOC = 10 * MiB
 #: ``c10/core/AllocatorConfig.h``: round up large allocations to 2 MiB
 K_ROUND_LARGE = 2 * MiB
-#: ``c10/cuda/CUDACachingAllocator.cpp: kLargeBuffer``: "large" allocations may be packed in 20 MiB
+#: the large segment size, 20 MiB by default: not a constant in torch 2.13.0 but a setting,
+#: ``c10/core/AllocatorConfig.h: AcceleratorAllocatorConfig::large_segment_size()`` (member
+#: ``large_segment_size_``; ``large_segment_size_mb`` changes it), which ``get_allocation_size``
+#: returns for requests between 1 and 10 MiB; the lab keeps the default
 K_LARGE_BUFFER = 20 * MiB
 #: ``AcceleratorAllocatorConfig::max_split_size_`` default: ``SIZE_MAX`` (no limit)
 SIZE_MAX = 2**64 - 1

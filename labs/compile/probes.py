@@ -4,7 +4,8 @@
 from the run's seed; input tensors; call sequences), calls the answer under a clean compiler
 (:func:`fresh_compiler`), and returns what it observed as plain data: the graphs a backend kept
 (their call targets as names, the shapes of their example inputs), graph-break counts, frames
-compiled, outputs, the kernels Inductor's code launches, what the answer raised. The judges in
+compiled, whether torch.export ran, outputs, the kernels Inductor's code launches, what an
+exported program returned or refused, what the answer raised. The judges in
 ``labs/compile/checks`` build the same functions and inputs with the builders defined here,
 compute torch's answer in the grader's process (eager outputs, ``torch._dynamo.explain``, a
 ``CompileCounter``, Dynamo's guards, the library's partitioners) and decide. Nothing here knows
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import sys
 
 import torch
@@ -745,3 +747,132 @@ def unsupported(MiniDynamo, x) -> dict:
     except Exception as exc:  # noqa: BLE001  (any exception will do: the judge reads it)
         out["raised"] = raised(exc)
     return {**out, **watch.seen()}
+
+
+# ------------------------------------------------------------------ compile.dynamic-shapes
+#: the keys of exercise 8's answer
+DYNAMIC_KEYS = ("shape_guards", "checked")
+#: where torch.export's tracing lives, and the functions of it every export (strict or not)
+#: calls: a call of one means export ran (importing the module calls others)
+_EXPORT_TRACE = os.path.join("torch", "export", "_trace.py")
+_EXPORTING = {"_export", "_export_for_training", "_export_to_aten_ir_make_fx"}
+
+
+def shaped_function(spec: list):
+    """A function of exercise 8's guard cases: ``["program", name]`` (``programs.SHAPED``) or
+    ``["source", text]`` (a function ``fn``)."""
+    if spec[0] == "program":
+        return programs.SHAPED[spec[1]]
+    return from_source(spec[1], "fn", "<a function of the checks>")
+
+
+@contextlib.contextmanager
+def _compiling(seen: dict):
+    """While active: adds to ``seen["frames"]`` the frames Dynamo compiled
+    (``torch._dynamo.utils.counters["frames"]["total"]``) and sets ``seen["exported"]`` when a
+    function of ``torch/export/_trace.py`` ran (strict or not, every ``torch.export.export``
+    goes through it), seen by a ``sys.setprofile`` hook."""
+    from torch._dynamo.utils import counters
+
+    def hook(frame, event, arg):
+        code = frame.f_code
+        if (event == "call" and code.co_name in _EXPORTING
+                and code.co_filename.endswith(_EXPORT_TRACE)):
+            seen["exported"] = True
+
+    frames, before = counters["frames"]["total"], sys.getprofile()
+    sys.setprofile(hook)
+    try:
+        yield
+    finally:
+        sys.setprofile(before)
+        seen["frames"] += counters["frames"]["total"] - frames
+
+
+@probe
+def guard_predictions(dynamic_shapes, cases: list) -> dict:
+    """For each ``[spec, example_args, dynamic_dims, new_args_list]`` (:func:`shaped_function`),
+    on a clean compiler: ``accepts = dynamic_shapes["shape_guards"](fn, example_args,
+    dynamic_dims)``, then ``accepts(*new_args)`` for each of ``new_args_list``, watched
+    (:func:`_compiling`). Returns ``{"shape": _dict_shape, "callable", "type": of
+    shape_guards, "cases": [{"callable", "type": of accepts, "answers": [returned(...)],
+    "frames": frames Dynamo compiled meanwhile, "exported": whether torch.export ran}]}``."""
+    out = {"shape": _dict_shape(dynamic_shapes, DYNAMIC_KEYS), "cases": []}
+    if "shape_guards" not in out["shape"]["keys"]:
+        return out
+    shape_guards = dynamic_shapes["shape_guards"]
+    out.update(callable=callable(shape_guards), type=type(shape_guards).__name__)
+    if not out["callable"]:
+        return out
+    for spec, example, dims, news in cases:
+        fn, seen = shaped_function(spec), {"frames": 0, "exported": False}
+        with fresh_compiler():
+            with _compiling(seen):
+                accepts = shape_guards(fn, tuple(example), [list(d) for d in dims])
+            entry = {"callable": callable(accepts), "type": type(accepts).__name__,
+                     "answers": []}
+            for new in news if entry["callable"] else ():
+                with _compiling(seen):
+                    entry["answers"].append(returned(accepts(*new)))
+        out["cases"].append({**entry, **seen})
+    return out
+
+
+class _Forward(torch.nn.Module):
+    """A module whose forward is ``fn`` (what ``torch.export.export`` takes)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def export_rows_dynamic(fn, example: list):
+    """``torch.export.export`` of ``fn`` (as a module's forward) on ``example``, non-strict, with
+    the first input's dim 0 dynamic (``Dim.AUTO``) and every other size static: the
+    ExportedProgram. What export prints when it fails (the graph so far) is not shown.
+    (torch/export/_trace.py: _export; torch/export/dynamic_shapes.py: Dim.)"""
+    from torch.export import Dim
+
+    spec = ({0: Dim.AUTO},) + (None,) * (len(example) - 1)
+    with contextlib.redirect_stderr(io.StringIO()):
+        return torch.export.export(_Forward(fn), tuple(example), dynamic_shapes=(spec,),
+                                   strict=False)
+
+
+@probe
+def exported_checks(dynamic_shapes, cases: list) -> dict:
+    """For each ``[name, example, inputs]``: ``dynamic_shapes["checked"][name]`` exported on
+    ``example`` (:func:`export_rows_dynamic`) on a clean compiler, then its ``module()`` run on
+    each of ``inputs``. Returns ``{"shape": _dict_shape, "checked": {"dict", "type", "missing":
+    names of the cases without a callable}, "cases": [{"export": _failure of what export raised
+    or None, "runs": [{"output": returned(...)} or {"error": {"ename", "first"}}]}]}``."""
+    out = {"shape": _dict_shape(dynamic_shapes, DYNAMIC_KEYS), "cases": []}
+    if "checked" not in out["shape"]["keys"]:
+        return out
+    checked = dynamic_shapes["checked"]
+    is_dict = type(checked) is dict
+    out["checked"] = {"dict": is_dict, "type": type(checked).__name__, "missing": [
+        name for name, _, _ in cases if not is_dict or not callable(checked.get(name))]}
+    if out["checked"]["missing"]:
+        return out
+    for name, example, inputs in cases:
+        entry = {"export": None, "runs": []}
+        with fresh_compiler():
+            try:
+                program = export_rows_dynamic(checked[name], example).module()
+            except NotImplementedError:
+                raise
+            except Exception as exc:  # noqa: BLE001  (the judge reports what export said)
+                entry["export"] = _failure(exc)
+            for args in inputs if entry["export"] is None else ():
+                try:
+                    entry["runs"].append({"output": returned(program(*args))})
+                except Exception as exc:  # noqa: BLE001  (a refusal: the judge decides)
+                    first = (str(exc).strip().splitlines() or [""])[0][:300]
+                    entry["runs"].append({"error": {"ename": type(exc).__name__,
+                                                    "first": first}})
+        out["cases"].append(entry)
+    return out

@@ -1,6 +1,7 @@
 """The programs lab 4 hands the learner: the functions whose graph breaks exercise 2 removes, the
 call sequences whose compiles exercise 3 predicts, the functions exercise 5 partitions, the chain
-exercise 6 makes Inductor fuse, and the functions exercise 7's tiny Dynamo traces.
+exercise 6 makes Inductor fuse, the functions exercise 7's tiny Dynamo traces, and exercise 8's
+functions whose dynamic shapes are guarded or come from data.
 The notebook, the checks and the tests read them from here, so all three see the same code.
 
 Every function takes and returns ``torch.float32`` CPU tensors unless it says otherwise; none
@@ -141,3 +142,86 @@ TRACED = {
     "methods": (methods, [(4, 3)], [(6, 5)]),
     "two_outputs": (two_outputs, [(3, 4), (4, 5)], [(2, 3), (3, 6)]),
 }
+
+
+# ------------------------------------------------------------------ exercise 8: dynamic shapes
+def scaled_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``x * y + 1``, broadcasting: ``x`` ``(n, d)``, ``y`` ``(n, d)``, ``(1, d)`` or ``(d,)``."""
+    return x * y + 1
+
+
+def project(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """A matmul: ``x`` ``(n, k)``, ``w`` ``(k, m)`` -> ``(n, m)``."""
+    return (x @ w).relu()
+
+
+def pairs(x: torch.Tensor) -> torch.Tensor:
+    """The sums of consecutive pairs of ``x``'s elements (``x`` with an even number of them)."""
+    return x.view(-1, 2).sum(1)
+
+
+def big_batch(x: torch.Tensor) -> torch.Tensor:
+    """A Python ``if`` on a size: the sum over dim 0 of a batch of more than 4, else the mean."""
+    if x.shape[0] > 4:
+        return x.sum(0)
+    return x.mean(0)
+
+
+def row_loop(x: torch.Tensor) -> torch.Tensor:
+    """A Python loop over the rows of ``x`` ``(n, d)``: their sum, ``(d,)``."""
+    out = x[0]
+    for i in range(1, x.shape[0]):
+        out = out + x[i]
+    return out
+
+
+#: exercise 8's public cases for ``shape_guards``: (function, the example's shapes, the dims
+#: marked dynamic per argument, the shapes of the new arguments to accept or refuse)
+SHAPE_CASES = [
+    (scaled_add, [(4, 3), (4, 3)], [[0], [0]],
+     [[(6, 3), (6, 3)], [(6, 3), (5, 3)], [(2, 3), (2, 3)], [(1, 3), (1, 3)], [(6, 3), (1, 3)]]),
+    (scaled_add, [(4, 3), (4, 3)], [[0], []],
+     [[(4, 3), (4, 3)], [(5, 3), (4, 3)]]),
+    (scaled_add, [(4, 3), (1, 3)], [[0], [0]],
+     [[(7, 3), (1, 3)], [(7, 3), (7, 3)], [(1, 3), (1, 3)]]),
+    (project, [(5, 3), (3, 2)], [[0, 1], [0]],
+     [[(8, 4), (4, 2)], [(8, 4), (3, 2)], [(8, 3), (3, 5)], [(2, 2), (2, 2)]]),
+    (pairs, [(3, 4)], [[0]], [[(5, 4)], [(2, 4)], [(1, 4)]]),
+    (pairs, [(3, 4)], [[0, 1]], [[(3, 3)], [(5, 2)], [(2, 5)], [(5, 5)], [(4, 5)]]),
+    (big_batch, [(6, 3)], [[0]], [[(5, 3)], [(4, 3)], [(9, 3)]]),
+    (big_batch, [(3, 3)], [[0]], [[(2, 3)], [(4, 3)], [(5, 3)], [(1, 3)]]),
+    (row_loop, [(4, 3)], [[0, 1]], [[(4, 7)], [(5, 3)], [(4, 1)]]),
+]
+#: exercise 8's functions of SHAPE_CASES, by name (what the probe receives)
+SHAPED = {f.__name__: f for f in (scaled_add, project, pairs, big_batch, row_loop)}
+
+
+def top_rows(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """The ``k = n.item()`` rows of ``x`` ``(m, d)`` with the largest sums, largest first
+    (``n`` a 0-d int64 tensor). Promise: ``1 <= k <= m``."""
+    k = n.item()
+    if k < 1 or k > x.shape[0]:
+        raise ValueError(f"k = {k} is not between 1 and {x.shape[0]}")
+    return x[x.sum(1).topk(k).indices]
+
+
+def positive_mean(x: torch.Tensor) -> torch.Tensor:
+    """The mean of ``x``'s positive entries. Promise: ``x`` has at least one."""
+    pos = x[x > 0]
+    if pos.numel() == 0:
+        raise ValueError("x has no positive entry")
+    return pos.mean()
+
+
+def regroup(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """``x`` ``(m, d)`` cut into ``k = n.item()`` groups of consecutive rows, each summed:
+    ``(k, d)`` (``n`` a 0-d int64 tensor). Promise: ``k >= 1`` divides ``m``."""
+    k = n.item()
+    if k < 1 or x.shape[0] % k != 0:
+        raise ValueError(f"k = {k} does not divide {x.shape[0]} rows into groups")
+    return x.view(k, -1, x.shape[1]).sum(1)
+
+
+#: exercise 8's functions whose export fails on a size that comes from data (an unbacked
+#: symbol), by the name the answer's dict uses
+UNBACKED = {f.__name__: f for f in (top_rows, positive_mean, regroup)}

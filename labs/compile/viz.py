@@ -13,9 +13,14 @@ Everything drawn is read from what torch itself produced:
 - :func:`break_map`, :func:`graph_break_map`: a function's source, line by line, shaded by the
   graph ``torch._dynamo.explain`` put each line's ops in, with the lines where the graph broke
   marked and their reasons;
-- :func:`break_explorer`: a dropdown over several functions' graph-break maps;
+- :func:`break_explorer`: a dropdown over several functions' graph-break maps, drawn as HTML
+  text (:func:`break_map_html`: code at :data:`CODE_PX` pixels, however wide the function);
+- :func:`log_view`: a captured log (``TORCH_LOGS``) shown as it was written, one line per line,
+  scrolling sideways instead of wrapping inside an identifier;
 - :func:`kernels`, :func:`kernels_table`: the kernels in Inductor's output code (generated C++
-  or Triton, and ATen fallbacks), in the order the wrapper calls them.
+  or Triton, and ATen fallbacks), in the order the wrapper calls them;
+- :func:`timings_figure`: medians of ``torch.utils.benchmark`` timings as bars, titled with
+  what was timed, the unit and the thread count.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 import grader.kernel.display  # noqa: F401  (registers the PNG formatter for figures)
-from grader.kernel.display import figure_html, table
+from grader.kernel.display import strip_paths, table
 
 #: fill colour of an FX node's box, by ``node.op`` (the six opcodes of ``torch/fx/node.py``)
 OP_COLOURS = {
@@ -67,8 +72,19 @@ BREAK_COLOUR = "#d7191c"
 #: the kinds of kernel :func:`kernels` reports
 KINDS = ("generated C++", "generated Triton", "ATen fallback")
 
+#: CSS pixels of the code in the explorer and in :func:`log_view` (text in HTML, never scaled
+#: down with a picture); notes (line numbers, break reasons) are one pixel smaller
+CODE_PX = 13
+
 _MAX_WIDTH, _MAX_HEIGHT = 18.0, 16.0  # inches: fonts shrink from 8 pt for graphs to fit
 _REASON_CHARS = 64  # a break reason is cut to this many characters
+#: monospace text in HTML that keeps its lines: no wrapping at all, a scroll bar when too wide
+#: (JupyterLab's own ``pre`` outputs wrap anywhere, inside identifiers: ``word-break:
+#: break-all``; a ``div`` with these styles is not subject to that rule)
+_PRE = (
+    f"font-family:var(--jp-code-font-family,monospace);font-size:{CODE_PX}px;"
+    "line-height:1.4;white-space:pre;word-break:normal;overflow-wrap:normal"
+)
 
 
 # ------------------------------------------------------------------ FX graphs
@@ -570,11 +586,84 @@ def graph_break_map(fn: Callable, *args) -> Figure:
     return _map_figure(explain_breaks(fn, *args))
 
 
+def _tint(colour: str, alpha: float) -> str:
+    """``#rrggbb`` as a CSS ``rgba(...)`` of opacity ``alpha``."""
+    r, g, b = (int(colour[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def _chip(colour: str, label: str = "") -> str:
+    box = (
+        f'<span style="display:inline-block;width:0.8em;height:0.9em;margin-right:2px;'
+        f'vertical-align:middle;background:{colour};border:1px solid #555"></span>'
+    )
+    return box + (f"{html.escape(label)} " if label else "")
+
+
+def break_map_html(found: BreakMap) -> str:
+    """What :func:`graph_break_map` draws, as HTML text, for the explorer: one table row per
+    source line (code dedented, in monospace at :data:`CODE_PX` pixels, spaces kept, never
+    wrapped), shaded in the colour of the first graph its ops went into
+    (:data:`GRAPH_COLOURS`), with a chip per graph it feeds and its line number; a line where
+    the graph broke has a red bar at the left and, in a row of its own under it, ``← break:
+    <reason>`` (wrapping at spaces only, never inside an identifier, at most 48 characters
+    wide so it stays in view). Above: a legend (graph 1, graph 2, ..., break); below: the
+    breaks that happened outside the function. The table sits in a box that scrolls sideways
+    when it is wider than the output. ``found``: a :class:`BreakMap` (:func:`explain_breaks`)."""
+    rows = found.rows
+    indent = min((len(t) - len(t.lstrip()) for _, t, _, _ in rows if t.strip()), default=0)
+    note = f"font-size:{CODE_PX - 1}px"
+    legend = "".join(
+        _chip(_tint(GRAPH_COLOURS[(k - 1) % len(GRAPH_COLOURS)], 0.6), f"graph {k}")
+        for k in range(1, found.graph_count + 1)
+    ) + _chip(BREAK_COLOUR, "break")
+    body = []
+    for lineno, text, graph, reason in rows:
+        shade = (
+            f' style="background:{_tint(GRAPH_COLOURS[(graph - 1) % len(GRAPH_COLOURS)], 0.45)}"'
+            if graph is not None
+            else ""
+        )
+        bar = f"border-left:4px solid {BREAK_COLOUR if reason else 'transparent'}"
+        chips = "".join(
+            _chip(GRAPH_COLOURS[(k - 1) % len(GRAPH_COLOURS)])
+            for k in found.graphs.get(lineno, ())
+        )
+        body.append(
+            f"<tr{shade}>"
+            f'<td style="{bar};padding:0 4px;white-space:nowrap">{chips}</td>'
+            f'<td class="lineno" style="{note};color:#777;text-align:right;padding:0 8px">'
+            f"{lineno}</td>"
+            f'<td class="code" style="{_PRE};padding:0 8px">{html.escape(text[indent:])}</td>'
+            "</tr>"
+        )
+        if reason:
+            body.append(
+                f'<tr><td style="border-left:4px solid {BREAK_COLOUR}"></td><td></td>'
+                f'<td class="reason" style="padding:0 8px 3px"><div style="{note};'
+                f"color:{BREAK_COLOUR};max-width:48em;white-space:normal;word-break:normal;"
+                f'overflow-wrap:normal">← break: {html.escape(reason)}</div></td></tr>'
+            )
+    outside = "".join(
+        f'<div style="{note};color:{BREAK_COLOUR}">break in a frame outside '
+        f"{html.escape(found.name)}: {html.escape(o)}</div>"
+        for o in found.outside
+    )
+    return (
+        f'<div style="{note};margin:2px 0 4px">{legend}</div>'
+        '<div style="overflow-x:auto;max-width:100%">'
+        '<table style="border-collapse:collapse;margin:0">'
+        f"{''.join(body)}</table></div>{outside}"
+    )
+
+
 def break_explorer(programs: dict[str, tuple[Callable, tuple]]):
     """An explorer: a dropdown of the names of ``programs`` (``{name: (fn, args)}``), showing
-    for the chosen one a one-line summary ("name: N graphs, M graph breaks") and its
-    :func:`graph_break_map`. Each function is explained the first time it is chosen and the
-    result cached, so each runs once; an exception from ``fn`` is shown instead of a map.
+    for the chosen one a one-line summary ("name: N graphs, M graph breaks") and its map as
+    HTML text (:func:`break_map_html`, what :func:`graph_break_map` draws, with the code at
+    :data:`CODE_PX` pixels: a picture would be scaled down to the output's width). Each
+    function is explained the first time it is chosen and the result cached, so each runs
+    once; an exception from ``fn`` is shown instead of a map.
     Returns an ``ipywidgets.VBox``: ``children[0]`` is the ``Dropdown``, ``children[1]`` the
     ``ipywidgets.HTML`` shown. Raises ValueError for an empty dict."""
     import ipywidgets as widgets
@@ -595,7 +684,7 @@ def break_explorer(programs: dict[str, tuple[Callable, tuple]]):
             f"{_plural(found.graph_count, 'graph')}, "
             f"{_plural(found.graph_break_count, 'graph break')}"
         )
-        return f"<p><b>{html.escape(name)}</b>: {summary}</p>" + figure_html(_map_figure(found))
+        return f"<p><b>{html.escape(name)}</b>: {summary}</p>" + break_map_html(found)
 
     def show(change=None):
         name = choice.value
@@ -606,6 +695,37 @@ def break_explorer(programs: dict[str, tuple[Callable, tuple]]):
     choice.observe(show, names="value")
     show()
     return widgets.VBox([choice, picture])
+
+
+# ------------------------------------------------------------------ logs
+class LogView:
+    """A captured log shown as it was written (see :func:`log_view`): ``text``, ``caption``."""
+
+    def __init__(self, text: str, caption: str = ""):
+        self.text = strip_paths(text)
+        self.caption = caption
+
+    def __repr__(self) -> str:
+        return "\n".join(([self.caption] if self.caption else []) + [self.text])
+
+    def _repr_html_(self) -> str:
+        caption = (
+            f'<div style="margin:2px 0">{html.escape(self.caption)}</div>' if self.caption else ""
+        )
+        return (
+            f'{caption}<div class="log" style="{_PRE};overflow-x:auto;max-width:100%;'
+            f'padding:2px 0">{html.escape(self.text)}</div>'
+        )
+
+
+def log_view(text: str, *, caption: str = "") -> LogView:
+    """``text`` (a log, several lines) to show from a cell: in JupyterLab as HTML whose lines
+    are kept whole, in monospace at :data:`CODE_PX` pixels, scrolling sideways when they are
+    wider than the output (a ``print``ed line wraps at the output's edge, inside identifiers:
+    JupyterLab's ``.jp-OutputArea-output pre`` sets ``word-break: break-all``); in plain text,
+    ``caption`` then the lines. Folder prefixes of installed and temporary files are cut
+    (``grader.kernel.display.strip_paths``)."""
+    return LogView(text, caption)
 
 
 # ------------------------------------------------------------------ Inductor's kernels
@@ -664,3 +784,41 @@ def kernels_table(code: str | list[str]):
     )
     rows = [(i, name, kind) for i, (name, kind) in enumerate(found, start=1)]
     return table(rows, ["#", "kernel", "kind"], caption=caption)
+
+
+# ------------------------------------------------------------------ timings
+def timings_figure(medians: dict[str, float], *, what: str, threads: int) -> Figure:
+    """Horizontal bars, one per entry of ``medians`` (``{label: median seconds per call}``, as
+    ``torch.utils.benchmark.Measurement.median`` gives it), in microseconds, each labelled with
+    its value and its ratio to the first entry. Title: ``what`` was timed, "median time per
+    call", the unit and ``threads``, so the picture says what it measures on its own. Returns a
+    ``Figure``; raises ValueError for an empty dict or a median that is not positive."""
+    if not medians or any(not t > 0 for t in medians.values()):
+        raise ValueError("timings_figure needs at least one positive median, in seconds")
+    labels = list(medians)
+    micro = [medians[k] * 1e6 for k in labels]
+    fig = Figure(figsize=(7.5, 0.55 * len(labels) + 1.3))
+    ax = fig.subplots()
+    y = list(range(len(labels)))[::-1]
+    bars = ax.barh(y, micro, color=GRAPH_COLOURS[: len(labels)], height=0.6)
+    for bar, value in zip(bars, micro):
+        bar.set_gid("timing")
+        ax.text(
+            value,
+            bar.get_y() + bar.get_height() / 2,
+            f" {value:,.0f} us ({value / micro[0]:.2f}x)",
+            va="center",
+            fontsize=9,
+            gid="value",
+        )
+    ax.set_yticks(y, labels, fontsize=9)
+    ax.set_xlim(0, max(micro) * 1.45)
+    ax.set_xlabel("median time per call (microseconds; shorter is faster)", fontsize=9)
+    ax.set_title(
+        f"{what}: median time per call, torch.utils.benchmark, "
+        f"{threads} thread{'s' * (threads != 1)}",
+        fontsize=10,
+    )
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    return fig

@@ -3,8 +3,10 @@ FX node in its opcode's colour, one arrow per input edge; each source line in th
 ``torch._dynamo.explain`` put its ops in, each break on its line); the explorer follows its
 dropdown without a kernel; the kernel list reads real Inductor output code."""
 
+import html
 import inspect
 import operator
+import re
 
 import pytest
 import torch
@@ -254,7 +256,9 @@ def test_break_explorer_follows_its_dropdown(monkeypatch):
     choice, out = box.children
     assert list(choice.options) == ["logged", "smooth", "broken"] and choice.value == "logged"
     first = out.value
-    assert "<b>logged</b>: 2 graphs, 1 graph break" in first and "<img" in first
+    assert "<b>logged</b>: 2 graphs, 1 graph break" in first
+    # the map is HTML text, not a picture scaled down to the output's width
+    assert "<img" not in first and f"font-size:{viz.CODE_PX}px" in first
     choice.value = "smooth"
     assert "<b>smooth</b>: 1 graph, 0 graph breaks" in out.value and out.value != first
     choice.value = "logged"
@@ -264,6 +268,48 @@ def test_break_explorer_follows_its_dropdown(monkeypatch):
     assert "failed" in out.value and "no good" in out.value
     with pytest.raises(ValueError, match="no programs"):
         viz.break_explorer({})
+
+
+def _code_cells(page: str) -> list[str]:
+    return [
+        html.unescape(c) for c in re.findall(r'<td class="code" style="[^"]*">(.*?)</td>', page)
+    ]
+
+
+def test_break_map_html_shows_the_code_at_a_readable_size_without_wrapping(explained):
+    found = explained["builtin"][1]
+    page = viz.break_map_html(found)
+    assert viz.CODE_PX >= 12 and "<img" not in page
+    code = _code_cells(page)
+    indent = min(len(t) - len(t.lstrip()) for _, t, _, _ in found.rows if t.strip())
+    assert code == [t[indent:] for _, t, _, _ in found.rows]  # every line, dedented, whole
+    styles = re.findall(r'<td class="code" style="([^"]*)"', page)
+    assert len(styles) == len(found.rows)
+    for style in styles:
+        assert f"font-size:{viz.CODE_PX}px" in style and "white-space:pre;" in style
+        assert "break-all" not in style
+    assert "overflow-x:auto" in page  # a wide function scrolls sideways
+    # the break: a red bar, and its reason in a row of its own that wraps at spaces only
+    (reason,) = re.findall(r'<td class="reason"[^>]*><div style="([^"]*)">(.*?)</div>', page)
+    assert "white-space:normal" in reason[0] and "word-break:normal" in reason[0]
+    assert html.unescape(reason[1]).startswith("← break: Attempted to call function marked")
+    assert page.count(f"border-left:4px solid {viz.BREAK_COLOUR}") == 2  # line and reason row
+    for k in range(1, found.graph_count + 1):
+        assert f"graph {k} " in page
+    assert "break in a frame outside builtin" in page  # heapq's own break
+
+
+def test_log_view_keeps_each_line_whole():
+    text = "+- GuardManager: source=L['x']\n| +- TENSOR_MATCH: check_tensor(L['x'], Tensor)"
+    shown = viz.log_view(text, caption="guards")
+    page = shown._repr_html_()
+    (style, body) = re.findall(r'<div class="log" style="([^"]*)">(.*?)</div>', page, re.DOTALL)[0]
+    assert "white-space:pre;" in style and "overflow-x:auto" in style
+    assert "word-break:normal" in style and f"font-size:{viz.CODE_PX}px" in style
+    assert html.unescape(body) == text and "<pre" not in page  # (JupyterLab's pre: break-all)
+    assert page.startswith('<div style="margin:2px 0">guards</div>')
+    assert repr(shown) == "guards\n" + text
+    assert repr(viz.log_view("a\nb")) == "a\nb"
 
 
 # ------------------------------------------------------------------ kernels
@@ -325,3 +371,24 @@ def test_kernels_of_real_inductor_code_for_unfused():
     assert shown.header == ["#", "kernel", "kind"]
     assert [row[1:] for row in shown.rows] == [list(k) for k in found]
     assert "aten.sort.stable" in shown._repr_html_()
+
+
+# ------------------------------------------------------------------ timings
+def test_timings_figure_says_what_was_timed_and_in_which_unit():
+    fig = _render(
+        viz.timings_figure({"eager": 2e-3, "compiled": 5e-4}, what="gelu_tanh", threads=2)
+    )
+    (ax,) = fig.axes
+    assert ax.get_title() == "gelu_tanh: median time per call, torch.utils.benchmark, 2 threads"
+    assert "median time per call (microseconds" in ax.get_xlabel()
+    bars = _gid(ax.patches, "timing")
+    assert [round(b.get_width()) for b in bars] == [2000, 500]
+    assert [t.get_text() for t in _gid(ax.texts, "value")] == [
+        *[" 2,000 us (1.00x)", " 500 us (0.25x)"]
+    ]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["eager", "compiled"]
+    one = viz.timings_figure({"eager": 1e-6}, what="f", threads=1)
+    assert one.axes[0].get_title().endswith("1 thread")
+    for bad in ({}, {"eager": 0.0}):
+        with pytest.raises(ValueError, match="positive median"):
+            viz.timings_figure(bad, what="f", threads=1)

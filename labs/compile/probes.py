@@ -288,6 +288,27 @@ def _dict_shape(value, keys) -> dict:
             "keys": [k for k in keys if k in value] if is_dict else []}
 
 
+def _part(recompiles, key: str, out: dict):
+    """``recompiles[key]`` when the answer is a dict that has it and it is callable, else None;
+    ``out`` gets the answer's ``"shape"`` (:func:`_dict_shape`) and, for a part that is there,
+    ``"callable"`` and ``"type"``."""
+    out["shape"] = _dict_shape(recompiles, ("predicted", "compile_once"))
+    if key not in out["shape"]["keys"]:
+        return None
+    part = recompiles[key]
+    out.update(callable=callable(part), type=type(part).__name__)
+    return part if out["callable"] else None
+
+
+def _marked(calls: list, marks: list) -> list[list]:
+    """The argument lists of ``calls``, copied, with ``[call, arg, dims]`` of ``marks`` marked
+    dynamic (``torch._dynamo.mark_dynamic``)."""
+    calls = [list(args) for args in calls]
+    for k, i, dims in marks:
+        torch._dynamo.mark_dynamic(calls[k][i], list(dims))
+    return calls
+
+
 @probe
 def predictions(recompiles, sequences: list) -> dict:
     """For each ``[calls, marks]`` (``scaled_sum``'s argument lists in order; ``[call, arg,
@@ -297,17 +318,12 @@ def predictions(recompiles, sequences: list) -> dict:
     "frames": the frames Dynamo compiled during the call}]}``."""
     from torch._dynamo.utils import counters
 
-    out = {"shape": _dict_shape(recompiles, ("predicted", "compile_once")), "answers": []}
-    if "predicted" not in out["shape"]["keys"]:
-        return out
-    predicted = recompiles["predicted"]
-    out.update(callable=callable(predicted), type=type(predicted).__name__)
-    if not out["callable"]:
+    out = {"answers": []}
+    predicted = _part(recompiles, "predicted", out)
+    if predicted is None:
         return out
     for calls, marks in sequences:
-        calls = [list(args) for args in calls]
-        for k, i, dims in marks:
-            torch._dynamo.mark_dynamic(calls[k][i], list(dims))
+        calls = _marked(calls, marks)
         with fresh_compiler():
             before = counters["frames"]["total"]
             got = predicted([tuple(args) for args in calls])
@@ -327,17 +343,12 @@ def compiled_once(recompiles, sequences: list) -> dict:
     many calls ran a compiled graph (:class:`_RunCounter`), "outs": [returned(output)],
     "config": the names of the ``torch._dynamo.config`` entries compile_once or the calls
     changed (set back afterwards)}]}``."""
-    out = {"shape": _dict_shape(recompiles, ("predicted", "compile_once")), "runs": []}
-    if "compile_once" not in out["shape"]["keys"]:
-        return out
-    compile_once = recompiles["compile_once"]
-    out.update(callable=callable(compile_once), type=type(compile_once).__name__)
-    if not out["callable"]:
+    out = {"runs": []}
+    compile_once = _part(recompiles, "compile_once", out)
+    if compile_once is None:
         return out
     for name, calls, marks in sequences:
-        calls = [list(args) for args in calls]
-        for k, i, dims in marks:
-            torch._dynamo.mark_dynamic(calls[k][i], list(dims))
+        calls = _marked(calls, marks)
         with fresh_compiler():
             config = torch._dynamo.config.get_config_copy()
             counter, run = _RunCounter(), {"frames": 0, "graph_runs": 0, "outs": []}

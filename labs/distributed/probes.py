@@ -395,6 +395,8 @@ def _storages(skip: set[int]) -> dict[int, list]:
             for t in (obj, obj.grad if obj.is_leaf else None):
                 if t is None:
                     continue
+                if type(t.numel()) is not int:  # (a fake tensor with symbolic sizes, left
+                    continue  # alive by a compile: no memory, and its ShapeEnv may be gone)
                 storage = t.untyped_storage()
                 at, nbytes = storage.data_ptr(), storage.nbytes()
                 if nbytes and at not in skip and (at not in found

@@ -31,6 +31,7 @@ from catalogue import answer, perfect
 from grader import notebook
 from grader.cli import main
 from grader.judge.grade import kernel_isolation
+from grader.labs import load_lab
 from grader.results import read_verified
 
 SEED = 29
@@ -278,8 +279,13 @@ def test_an_attack_scores_nothing_on_what_it_attacks_and_costs_nothing_else(batc
     got = _exercises(batch[1], learner)
     assert got[ATTACKED]["status"] in ("failed", "error"), (learner, got[ATTACKED])
     assert got[ATTACKED]["points"] == 0
-    others = {i: e["status"] for i, e in got.items() if i != ATTACKED}
-    assert others == {i: ("skipped" if i == "allocator.vs-real" else "passed") for i in others}
+    # The exercises judged before the attack ran score as the reference does. Those judged after
+    # it may pay for it too (k4's thread still swaps the probe for a liar while the next ones
+    # are judged): a cost to the attacker alone (the neighbour's test shows it goes no further).
+    order = [e.id for e in load_lab(LAB).exercises]
+    before = order[:order.index(ATTACKED)]
+    others = {i: e["status"] for i, e in got.items() if i in before}
+    assert others == dict.fromkeys(before, "passed")
 
 
 def test_a_verdict_the_notebook_displays_is_named_in_the_message(batch):

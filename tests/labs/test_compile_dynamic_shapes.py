@@ -11,6 +11,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export import Dim
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
+from labs.compile.probes import _Forward
 from tests.conftest import assert_rejected
 
 EX = "compile.dynamic-shapes"
@@ -93,15 +94,6 @@ def by_compiling(fn, example_args, dynamic_dims):
     (entry,) = _debug_get_cache_entry_list(fn.__code__)
     names = list(inspect.signature(fn).parameters)
     return lambda *new: entry.guard_manager.check(dict(zip(names, new)))
-
-
-class _Forward(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
 
 
 def by_exporting(fn, example_args, dynamic_dims):

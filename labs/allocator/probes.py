@@ -167,18 +167,24 @@ def amp_run(enter, spec: list, tensors: dict, regions: str) -> dict:
     (``aten._to_copy`` calls, seen by a ``TorchDispatchMode`` below it) after each call:
     ``regions`` ``"one"``: one call in one region; ``"two"``: one call in each of two regions;
     ``"nested"``: a call in a region nested in another, then one in the outer region. Returns
-    ``{"outputs": [each call's outputs], "casts": [casts counted after each call], "grads":
+    ``{"outputs": [each call's outputs], "casts": [casts counted after each call],
+    "real_autocast": whether an op reached the dispatcher with torch's AutocastCPU key on (not
+    in the thread's excluded set: torch's own autocast at work), "grads":
     [the gradients of the sum of every output (as float32) for each W, then each b]}``, the
     parameters being float32 leaves that require grad."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    key = torch._C.DispatchKey.AutocastCPU
+
     class Casts(TorchDispatchMode):
-        count = 0
+        count, real = 0, False
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if func is torch.ops.aten._to_copy.default:
                 Casts.count += 1
+            # (an op on no list passes the AutocastCPU key through: torch's own autocast on)
+            Casts.real |= not torch._C._dispatch_tls_is_dispatch_key_excluded(key)
             return func(*args, **(kwargs or {}))
 
     W = [w.detach().clone().requires_grad_() for w in tensors["W"]]
@@ -204,7 +210,7 @@ def amp_run(enter, spec: list, tensors: dict, regions: str) -> dict:
     total = sum(o.float().sum() for outs in outputs for o in outs)
     grads = (torch.autograd.grad(total, W + b, allow_unused=True) if total.requires_grad
              else [None] * len(W + b))  # (a program that uses no parameter)
-    return {"outputs": outputs, "casts": casts,
+    return {"outputs": outputs, "casts": casts, "real_autocast": Casts.real,
             "grads": [g if g is None else g.detach() for g in grads]}
 
 

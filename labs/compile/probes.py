@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import sys
 
 import torch
@@ -765,8 +764,6 @@ def unsupported(MiniDynamo, x) -> dict:
 DYNAMIC_KEYS = ("shape_guards", "checked")
 #: where torch.export's tracing lives, and the functions of it every export (strict or not)
 #: calls: a call of one means export ran (importing the module calls others)
-_EXPORT_TRACE = os.path.join("torch", "export", "_trace.py")
-_EXPORTING = {"_export", "_export_for_training", "_export_to_aten_ir_make_fx"}
 
 
 def shaped_function(spec: list):
@@ -780,23 +777,15 @@ def shaped_function(spec: list):
 @contextlib.contextmanager
 def _compiling(seen: dict):
     """While active: adds to ``seen["frames"]`` the frames Dynamo compiled
-    (``torch._dynamo.utils.counters["frames"]["total"]``) and sets ``seen["exported"]`` when a
-    function of ``torch/export/_trace.py`` ran (strict or not, every ``torch.export.export``
-    goes through it), seen by a ``sys.setprofile`` hook."""
+    (``torch._dynamo.utils.counters["frames"]["total"]``). (An answer can rewrite the counter:
+    the exercise's ``models`` in ``lab.toml`` also name Dynamo's frame compiler and export's
+    entry points, seen by the probe's observer whatever the counters say.)"""
     from torch._dynamo.utils import counters
 
-    def hook(frame, event, arg):
-        code = frame.f_code
-        if (event == "call" and code.co_name in _EXPORTING
-                and code.co_filename.endswith(_EXPORT_TRACE)):
-            seen["exported"] = True
-
-    frames, before = counters["frames"]["total"], sys.getprofile()
-    sys.setprofile(hook)
+    frames = counters["frames"]["total"]
     try:
         yield
     finally:
-        sys.setprofile(before)
         seen["frames"] += counters["frames"]["total"] - frames
 
 
@@ -807,7 +796,7 @@ def guard_predictions(dynamic_shapes, cases: list) -> dict:
     dynamic_dims)``, then ``accepts(*new_args)`` for each of ``new_args_list``, watched
     (:func:`_compiling`). Returns ``{"shape": _dict_shape, "callable", "type": of
     shape_guards, "cases": [{"callable", "type": of accepts, "answers": [returned(...)],
-    "frames": frames Dynamo compiled meanwhile, "exported": whether torch.export ran}]}``."""
+    "frames": frames Dynamo compiled meanwhile}]}``."""
     out = {"shape": _dict_shape(dynamic_shapes, DYNAMIC_KEYS), "cases": []}
     if "shape_guards" not in out["shape"]["keys"]:
         return out
@@ -816,7 +805,7 @@ def guard_predictions(dynamic_shapes, cases: list) -> dict:
     if not out["callable"]:
         return out
     for spec, example, dims, news in cases:
-        fn, seen = shaped_function(spec), {"frames": 0, "exported": False}
+        fn, seen = shaped_function(spec), {"frames": 0}
         with fresh_compiler():
             with _compiling(seen):
                 accepts = shape_guards(fn, tuple(example), [list(d) for d in dims])

@@ -99,3 +99,28 @@ def test_the_real_autocast_wrapped_is_refused_for_what_it_is():
             return self.inner.__exit__(*exc)
 
     assert_rejected(EX, Real, "torch.autocast")
+
+
+def test_switching_on_torchs_autocast_key_is_refused():
+    """From a red-team trial: the key taken out of the excluded set by hand (a C function the
+    observer does not name), so that torch's own autocast kernels do the work."""
+    import functools
+
+    key = torch._C.DispatchKey.AutocastCPU
+    switch = functools.partial(torch._C._dispatch_tls_set_dispatch_key_excluded, key)
+
+    class KeyOn:
+        depth = 0
+
+        def __enter__(self):
+            KeyOn.depth += 1
+            switch(False)
+            return self
+
+        def __exit__(self, *exc):
+            KeyOn.depth -= 1
+            if KeyOn.depth == 0:
+                switch(True)
+                functools.partial(torch.clear_autocast_cache)()
+
+    assert_rejected(EX, KeyOn, "torch's own AutocastCPU key on")

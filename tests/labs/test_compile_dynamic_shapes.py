@@ -112,8 +112,8 @@ def by_exporting(fn, example_args, dynamic_dims):
 
 
 @pytest.mark.parametrize("shape_guards, phrase", [
-    (by_compiling, "frame(s) during shape_guards or accepts. Predict the guards without"),
-    (by_exporting, "torch.export ran during shape_guards"),
+    (by_compiling, "your answer ran torch/_dynamo/convert_frame.py"),
+    (by_exporting, "your answer ran torch/export/_trace.py"),
     (eager_runs, "you said True, but Dynamo's guards refuse them: `2 <= L['x'].size()[0]`"),
     (guards_without_ranges, "you said True, but Dynamo's guards refuse them: `2 <= "),
     (_by_produce_guards(specialize_zero_one=False), "you said True"),
@@ -212,3 +212,26 @@ def test_a_rewrite_without_the_unbacked_size_must_still_refuse(ref):
     checked = {**ref["checked"], "positive_mean": positive_mean_clamped}
     v = assert_rejected(EX, _with(ref, checked=checked), "returned a value instead of refusing")
     assert "checked['positive_mean']" in v.message
+
+
+def test_compiling_then_resetting_the_frame_counter_is_still_seen(reference):
+    """From a red-team trial: the frame count is the answer's to rewrite; Dynamo compiling a
+    frame (convert_frame) is seen while the answer runs, whatever the counters say."""
+    from torch._dynamo.utils import counters
+
+    ref = reference(EX)
+
+    def shape_guards(fn, example_args, dynamic_dims):
+        before = counters["frames"]["total"]
+        args = [a.clone() for a in example_args]
+        for a, dims in zip(args, dynamic_dims):
+            for d in dims:
+                torch._dynamo.maybe_mark_dynamic(a, d)
+        torch._dynamo.reset()
+        torch.compile(fn, backend="eager", fullgraph=True)(*args)
+        counters["frames"]["total"] = before
+        entry = _debug_get_cache_entry_list(fn.__code__)[0]
+        names = list(inspect.signature(fn).parameters)
+        return lambda *new: bool(entry.guard_manager.check(dict(zip(names, new))))
+
+    assert_rejected(EX, {**ref, "shape_guards": shape_guards}, "torch/_dynamo/convert_frame.py")

@@ -53,6 +53,12 @@ def verify(MiniAutocast, cases: list[tuple]) -> None:
     for (spec, tensors, regions, label), seen in paired(cases, reply, "cases"):
         if "raised" in seen:
             raise AnswerRaised(seen["raised"])
+        if seen.get("real_autocast") is not False:
+            raise CheckFailure(
+                f"on {label}, ops reached the dispatcher with torch's own AutocastCPU key on "
+                "(taken out of the thread's excluded set): that is torch.autocast at work, the "
+                "mechanism this exercise asks you to model. Cast the arguments yourself in "
+                "__torch_function__.")
         want = probes.amp_run(_real, spec, tensors, regions)
         where = f"on {label} ({_REGIONS[regions]})"
         names = _outputs([step[0] for step in spec])

@@ -774,29 +774,14 @@ def shaped_function(spec: list):
     return from_source(spec[1], "fn", "<a function of the checks>")
 
 
-@contextlib.contextmanager
-def _compiling(seen: dict):
-    """While active: adds to ``seen["frames"]`` the frames Dynamo compiled
-    (``torch._dynamo.utils.counters["frames"]["total"]``). (An answer can rewrite the counter:
-    the exercise's ``models`` in ``lab.toml`` also name Dynamo's frame compiler and export's
-    entry points, seen by the probe's observer whatever the counters say.)"""
-    from torch._dynamo.utils import counters
-
-    frames = counters["frames"]["total"]
-    try:
-        yield
-    finally:
-        seen["frames"] += counters["frames"]["total"] - frames
-
-
 @probe
 def guard_predictions(dynamic_shapes, cases: list) -> dict:
     """For each ``[spec, example_args, dynamic_dims, new_args_list]`` (:func:`shaped_function`),
     on a clean compiler: ``accepts = dynamic_shapes["shape_guards"](fn, example_args,
-    dynamic_dims)``, then ``accepts(*new_args)`` for each of ``new_args_list``, watched
-    (:func:`_compiling`). Returns ``{"shape": _dict_shape, "callable", "type": of
-    shape_guards, "cases": [{"callable", "type": of accepts, "answers": [returned(...)],
-    "frames": frames Dynamo compiled meanwhile}]}``."""
+    dynamic_dims)``, then ``accepts(*new_args)`` for each of ``new_args_list`` (Dynamo or
+    export run meanwhile are the exercise's ``models``, seen by the probe's observer). Returns
+    ``{"shape": _dict_shape, "callable", "type": of shape_guards, "cases": [{"callable",
+    "type": of accepts, "answers": [returned(...)]}]}``."""
     out = {"shape": _dict_shape(dynamic_shapes, DYNAMIC_KEYS), "cases": []}
     if "shape_guards" not in out["shape"]["keys"]:
         return out
@@ -805,16 +790,14 @@ def guard_predictions(dynamic_shapes, cases: list) -> dict:
     if not out["callable"]:
         return out
     for spec, example, dims, news in cases:
-        fn, seen = shaped_function(spec), {"frames": 0}
+        fn = shaped_function(spec)
         with fresh_compiler():
-            with _compiling(seen):
-                accepts = shape_guards(fn, tuple(example), [list(d) for d in dims])
+            accepts = shape_guards(fn, tuple(example), [list(d) for d in dims])
             entry = {"callable": callable(accepts), "type": type(accepts).__name__,
                      "answers": []}
             for new in news if entry["callable"] else ():
-                with _compiling(seen):
-                    entry["answers"].append(returned(accepts(*new)))
-        out["cases"].append({**entry, **seen})
+                entry["answers"].append(returned(accepts(*new)))
+        out["cases"].append(entry)
     return out
 
 

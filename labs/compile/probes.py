@@ -66,6 +66,38 @@ def changed_config(answer) -> list[str]:
             for name in sorted(_changed(module))]
 
 
+class FrameCount:
+    """Counts the frames Dynamo compiles while active (``with FrameCount() as seen:``): each
+    call of ``torch._dynamo.convert_frame._compile`` (the function that turns one frame into a
+    graph and its guards), wrapped for the duration. Unlike ``counters["frames"]``, neither
+    ``torch._dynamo.reset`` nor ``counters.clear()`` touches it. ``frames``: the count;
+    ``replaced``: whether the body put something else in ``_compile``'s place (the count then
+    misses what that compiled)."""
+
+    def __init__(self):
+        self.frames, self.replaced = 0, False
+
+    def __enter__(self) -> FrameCount:
+        from torch._dynamo import convert_frame
+
+        self._module, self._original = convert_frame, convert_frame._compile
+
+        def counted(*args, **kwargs):
+            self.frames += 1
+            return self._original(*args, **kwargs)
+
+        self._counted = convert_frame._compile = counted
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.replaced = self._module._compile is not self._counted
+        self._module._compile = self._original
+
+    def seen(self) -> dict:
+        """``{"frames": int, "replaced": bool}``, plain data for a judge."""
+        return {"frames": self.frames, "replaced": self.replaced}
+
+
 @contextlib.contextmanager
 def fresh_compiler(functorch: bool = False):
     """Run the body with Dynamo's caches empty and the config modules (Dynamo's, Inductor's, and
@@ -314,20 +346,16 @@ def predictions(recompiles, sequences: list) -> dict:
     dims]`` to mark dynamic): ``recompiles["predicted"](calls)``, with the calls as tuples, on
     an empty cache. Returns ``{"shape": _dict_shape(recompiles), "callable": whether predicted
     is callable, "type": its type's name, "answers": [{"answer": returned(the prediction),
-    "frames": the frames Dynamo compiled during the call}]}``."""
-    from torch._dynamo.utils import counters
-
+    **FrameCount.seen() of the call}]}``."""
     out = {"answers": []}
     predicted = _part(recompiles, "predicted", out)
     if predicted is None:
         return out
     for calls, marks in sequences:
         calls = _marked(calls, marks)
-        with fresh_compiler():
-            before = counters["frames"]["total"]
+        with fresh_compiler(), FrameCount() as count:
             got = predicted([tuple(args) for args in calls])
-            frames = counters["frames"]["total"] - before
-        out["answers"].append({"answer": returned(got), "frames": frames})
+        out["answers"].append({"answer": returned(got), **count.seen()})
     return out
 
 
@@ -417,19 +445,15 @@ GUARDED = {f.__name__: f for f in (programs.scaled_sum, reduce_last, scale_by, s
 def answers(would_recompile, cases: list) -> list:
     """For each ``[name, args, new_args, marks]`` (a function of :data:`GUARDED`; ``[i, dims]``
     of ``args`` to mark dynamic): ``would_recompile(fn, args, new_args)`` on an empty cache.
-    One entry per case: ``{"answer": returned(what it said), "frames": the frames Dynamo
-    compiled during the call}`` (``torch._dynamo.utils.counters["frames"]["total"]``)."""
-    from torch._dynamo.utils import counters
-
+    One entry per case: ``{"answer": returned(what it said), **FrameCount.seen() of the
+    call}``."""
     out = []
     for name, args, new_args, marks in cases:
         args = list(args)
         _mark(args, marks)
-        with fresh_compiler():
-            before = counters["frames"]["total"]
+        with fresh_compiler(), FrameCount() as count:
             got = would_recompile(GUARDED[name], tuple(args), tuple(new_args))
-            frames = counters["frames"]["total"] - before
-        out.append({"answer": returned(got), "frames": frames})
+        out.append({"answer": returned(got), **count.seen()})
     return out
 
 
@@ -671,9 +695,7 @@ class _Watch:
     """While active: notes a call of ``code`` (fn's code ran) and Dynamo compiling a frame."""
 
     def __init__(self, code):
-        from torch._dynamo.utils import counters
-
-        self.code, self.counters, self.ran, self.dynamo = code, counters, False, False
+        self.code, self.ran, self.dynamo = code, False, False
 
     def _hook(self, frame, event, arg):
         if event == "call" and frame.f_code is self.code:
@@ -681,14 +703,14 @@ class _Watch:
 
     @contextlib.contextmanager
     def __call__(self):
-        frames = sum(self.counters["frames"].values())
-        before = sys.getprofile()
+        before, count = sys.getprofile(), FrameCount()
         sys.setprofile(self._hook)
         try:
-            yield
+            with count:
+                yield
         finally:
             sys.setprofile(before)
-            self.dynamo |= sum(self.counters["frames"].values()) != frames
+            self.dynamo |= bool(count.frames) or count.replaced
 
     def seen(self) -> dict:
         return {"ran": self.ran, "dynamo": self.dynamo}

@@ -84,6 +84,24 @@ def by_calling(fn, args, new_args):
     return torch._dynamo.utils.counters["frames"]["ok"] - before > 1
 
 
+def by_calling_then_clearing(fn, args, new_args):
+    """by_calling, then Dynamo's counters cleared and its caches reset: hides from
+    ``counters["frames"]``, not from the check's own count."""
+    answer = by_calling(fn, args, new_args)
+    torch._dynamo.utils.counters.clear()
+    torch._dynamo.reset()
+    return answer
+
+
+def by_calling_uncounted(fn, args, new_args):
+    """by_calling with Dynamo's frame compiler swapped for a wrapper of the answer's own."""
+    from torch._dynamo import convert_frame
+
+    original = convert_frame._compile
+    convert_frame._compile = lambda *a, **k: original(*a, **k)
+    return by_calling(fn, args, new_args)  # (and leaves it swapped)
+
+
 def by_hand(fn, args, new_args, skip_unused=False):
     """A careful comparison of the arguments instead of the guards: shapes (but the dims marked
     dynamic), dtypes, requires_grad, contiguity, the Python values (with ``skip_unused``, not
@@ -140,6 +158,8 @@ def test_the_right_method_passes():
     (lambda fn, args, new_args: False, "you said False"),
     (lambda fn, args, new_args: True, "you said True"),
     (by_calling, "compile fn once, on args; answer from its guards"),
+    (by_calling_then_clearing, "compile fn once, on args; answer from its guards"),
+    (by_calling_uncounted, "put something else in place of Dynamo's frame compiler"),
     (lambda fn, args, new_args: int(shapes_only(fn, args, new_args)), "has type int"),
 ])
 def test_wrong_answers_fail(answer, phrase):

@@ -73,6 +73,23 @@ def _counted(calls):
     return counter.frame_count
 
 
+def _counted_then_cleared(calls):
+    """Counts, then clears Dynamo's counters and caches: the check counts frames its own way."""
+    frames = _counted(calls)
+    torch._dynamo.utils.counters.clear()
+    torch._dynamo.reset()
+    return frames
+
+
+def _counted_unseen(calls):
+    """Counts with Dynamo's frame compiler swapped for a function of the answer's own."""
+    from torch._dynamo import convert_frame
+
+    original = convert_frame._compile
+    convert_frame._compile = lambda *a, **k: original(*a, **k)
+    return _counted(calls)  # (and leaves it swapped)
+
+
 def test_the_model_written_here_passes():
     from grader.checks import run_checks
 
@@ -87,6 +104,8 @@ def test_the_model_written_here_passes():
     (_model(symbolic_bools=True), "hidden check", 0),
     (lambda calls: True, "returned a bool, not an int", 0),
     (_counted, "made Dynamo compile 2 frame(s): it ran torch.compile to count", 0),
+    (_counted_then_cleared, "made Dynamo compile 2 frame(s): it ran torch.compile to count", 0),
+    (_counted_unseen, "put something else in place of Dynamo's frame compiler", 0),
     (_model(zero_one_ints=True), "are not right", 2),
     (_model(memory=False), "hidden check", 1),
 ])

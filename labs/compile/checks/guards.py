@@ -7,8 +7,8 @@ call. The oracle is the cache itself, in the judge: for each case the check comp
 a ``CompileCounter`` backend on an empty cache (``torch._dynamo.reset``), calls it with ``args``
 and then with ``new_args``, and sees whether the frame count grew. The learner's answer must
 agree, and must come from the guards: during the learner's call Dynamo may compile at most one
-frame (counted with ``torch._dynamo.utils.counters["frames"]["total"]``, which ``reset`` leaves
-alone), so calling the compiled function on ``new_args`` to see what happens is refused. When an
+frame (counted by :class:`~labs.compile.probes.FrameCount`, which neither ``reset`` nor clearing
+Dynamo's counters touches), so calling the compiled function on ``new_args`` to see what happens is refused. When an
 answer is wrong, the message quotes the guard that fails (``GuardManager.check_verbose``).
 Public: ``programs.scaled_sum`` with seven changes (batch size, dtype, requires_grad, a
 transposed input, a new int, new values, a bool flip) and two that do not recompile; hidden:
@@ -103,6 +103,11 @@ def _judge(seen: dict, fn, args: tuple, new_args: tuple, what: str) -> str | Non
         raise CheckFailure(f"would_recompile's answer for {what} has type {got['type']}, not a "
                            "bool.")
     got = got["value"]
+    if seen.get("replaced") is not False:
+        raise CheckFailure(
+            f"for {what}, your would_recompile put something else in place of Dynamo's frame "
+            "compiler (torch._dynamo.convert_frame._compile): the check cannot count what it "
+            "compiled. Compile with torch.compile and read the guards it installed.")
     if type(compiled) is not int or compiled > 1:
         raise CheckFailure(
             f"for {what}, Dynamo compiled {compiled} frames during your would_recompile: compile "

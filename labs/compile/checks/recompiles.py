@@ -3,7 +3,8 @@
 ``predicted(calls) -> int``: the number of frames Dynamo compiles when ``programs.scaled_sum`` is
 compiled fresh and called with ``calls`` (a list of ``(x, scale)`` tuples), predicted without
 compiling. The probe :func:`labs.compile.probes.predictions` calls it in the kernel on each
-sequence and reports the answers and the frames Dynamo compiled meanwhile (any fails: a prediction
+sequence and reports the answers and the frames Dynamo compiled meanwhile
+(:class:`~labs.compile.probes.FrameCount`; any fails: a prediction
 that runs the compiler is a count, not a prediction); the oracle is a ``CompileCounter`` backend
 (``torch/_dynamo/testing.py``) in the judge: each sequence is run at check time on an empty cache
 with torch's default config. Public: ``programs.call_sequences()``; hidden: seeded random sequences
@@ -78,6 +79,11 @@ def verify_predictions(recompiles, sequences: list[tuple]) -> None:
                            "predicted(calls) -> int.")
     wrong = []
     for (label, calls), got in paired(sequences, seen["answers"], "sequences"):
+        if got.get("replaced") is not False:
+            raise CheckFailure(
+                f"on {label}, predicted(calls) put something else in place of Dynamo's frame "
+                "compiler (torch._dynamo.convert_frame._compile): the check cannot see what it "
+                "compiled. Predict without touching the compiler.")
         if type(got["frames"]) is not int or got["frames"]:
             raise CheckFailure(
                 f"on {label}, predicted(calls) made Dynamo compile {got['frames']} frame(s): it "

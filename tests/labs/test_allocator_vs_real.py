@@ -12,6 +12,7 @@ import torch
 
 from grader.labs import load_lab
 from labs.allocator import model
+from labs.allocator.snapshots import MiB
 from labs.allocator.traces import BEST_FIT, Run
 from tests.conftest import assert_rejected, load_answer
 from tests.labs import record_allocator as rec
@@ -52,7 +53,8 @@ def test_the_model_matches_recorded_gpu_runs(path):
     data = json.loads(path.read_text())
     for t in data["traces"]:
         trace = [tuple(op) for op in t["trace"]]
-        found = rec.differences(t["steps"], rec.replay_model(trace, t["capacity"]), trace)
+        found = rec.differences(t["steps"], rec.replay_model(
+            trace, t["capacity"], t.get("max_split_size")), trace)
         assert not found, f"{data['gpu']} (torch {data['torch']}), {t['name']}: {found[:3]}"
 
 
@@ -60,10 +62,28 @@ def test_the_model_matches_recorded_gpu_runs(path):
 @pytest.mark.parametrize("t", rec.traces(), ids=lambda t: t["name"])
 def test_the_real_allocator_matches_the_model(t):
     trace = [tuple(op) for op in t["trace"]]
-    real, capacity = rec.replay_real(trace, t["capacity"])
+    split = t.get("max_split_size")
+    real, capacity = rec.replay_real(trace, t["capacity"], split)
     model_capacity = capacity if t["capacity"] is not None else 1 << 50
-    found = rec.differences(real, rec.replay_model(trace, model_capacity), trace)
+    found = rec.differences(real, rec.replay_model(trace, model_capacity, split), trace)
     assert not found, found[:3]
+
+
+def test_the_recorded_traces_hold_the_boundaries_and_the_captures():
+    """Each trace the GPU run replays runs through the model here; the max_split_size cases and
+    the captures do what they are there for (a new segment at the rounding limit, the smaller
+    oversize segment freed, segments of private pools)."""
+    runs = {t["name"]: rec.replay_model([tuple(op) for op in t["trace"]],
+                                        t["capacity"] or 1 << 50, t.get("max_split_size"))
+            for t in rec.traces()}
+    rounding = runs["oversize rounding limit"]
+    # malloc 60, free, malloc 40: the cached 60 MiB block is exactly 20 MiB larger: a new segment
+    assert [s[1] for s in rounding[2]["segments"]] == [40 * MiB, 60 * MiB]
+    smallest = runs["oversize release, smallest first"]
+    assert [s[1] for s in smallest[-1]["segments"]] == [30 * MiB, 90 * MiB]
+    private = [s for name, steps in runs.items() if name.startswith("graph")
+               for step in steps for s in step["segments"] if s[4] != [0, 0]]
+    assert private and all(s[4][1] == 0 for s in private)
 
 
 @cuda

@@ -691,25 +691,38 @@ def traced_function(spec: list):
     return from_source(spec[1], spec[2], f"<{spec[2]}>")
 
 
+def _code_body(code) -> tuple:
+    """What a code object runs, whatever object holds it: its bytecode, constants and names."""
+    return code.co_code, code.co_consts, code.co_names, code.co_varnames
+
+
 class _Watch:
     """While active: notes a call of ``code`` (fn's code ran) and Dynamo compiling a frame."""
 
     def __init__(self, code):
         self.code, self.ran, self.dynamo = code, False, False
-
-    def _hook(self, frame, event, arg):
-        if event == "call" and frame.f_code is self.code:
-            self.ran = True
+        self._body = _code_body(code)
 
     @contextlib.contextmanager
     def __call__(self):
-        before, count = sys.getprofile(), FrameCount()
-        sys.setprofile(self._hook)
+        """Watch the body; the profiler set before (the grader's observer of the exercise's
+        ``models``) still sees every event."""
+        outer, count = sys.getprofile(), FrameCount()
+
+        def hook(frame, event, arg):
+            # fn's code, or a copy of it (code.replace() makes a new object of the same body)
+            if event == "call" and (frame.f_code is self.code
+                                    or _code_body(frame.f_code) == self._body):
+                self.ran = True
+            if outer is not None:
+                outer(frame, event, arg)
+
+        sys.setprofile(hook)
         try:
             with count:
                 yield
         finally:
-            sys.setprofile(before)
+            sys.setprofile(outer)
             self.dynamo |= bool(count.frames) or count.replaced
 
     def seen(self) -> dict:

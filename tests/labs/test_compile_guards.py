@@ -102,6 +102,20 @@ def by_calling_uncounted(fn, args, new_args):
     return by_calling(fn, args, new_args)  # (and leaves it swapped)
 
 
+def by_stance(fn, args, new_args):
+    """Compiles on args, then asks Dynamo itself: under the fail_on_recompile stance a call on
+    new_args raises when the guards fail (public API, and not one frame more)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="eager")
+    compiled(*args)
+    try:
+        with torch.compiler.set_stance("fail_on_recompile"):
+            compiled(*new_args)
+    except Exception:
+        return True
+    return False
+
+
 def by_hand(fn, args, new_args, skip_unused=False):
     """A careful comparison of the arguments instead of the guards: shapes (but the dims marked
     dynamic), dtypes, requires_grad, contiguity, the Python values (with ``skip_unused``, not
@@ -160,6 +174,7 @@ def test_the_right_method_passes():
     (by_calling, "compile fn once, on args; answer from its guards"),
     (by_calling_then_clearing, "compile fn once, on args; answer from its guards"),
     (by_calling_uncounted, "put something else in place of Dynamo's frame compiler"),
+    (by_stance, "your answer ran torch/_dynamo/eval_frame.py: _set_stance"),
     (lambda fn, args, new_args: int(shapes_only(fn, args, new_args)), "has type int"),
 ])
 def test_wrong_answers_fail(answer, phrase):

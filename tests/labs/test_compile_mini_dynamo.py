@@ -72,12 +72,77 @@ def test_running_fn_eagerly_is_refused():
 
 
 def test_symbolic_trace_is_refused():
-    assert_rejected(EX, SymbolicTrace, "not even with proxies")
+    assert_rejected(EX, SymbolicTrace, "your answer ran torch/fx/_symbolic_trace.py")
+
+
+class TracedCopy(SymbolicTrace):
+    """symbolic_trace of a copy of fn's code object (a new object, the same body)."""
+
+    def __init__(self, fn):
+        import types
+
+        super().__init__(types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__,
+                                            fn.__defaults__, fn.__closure__))
+
+
+class TracedInAThread(SymbolicTrace):
+    """symbolic_trace in a thread of the answer's own."""
+
+    def __call__(self, *args):
+        import threading
+
+        key = tuple((a.shape, a.dtype) for a in args)
+        if key not in self.cache:
+            worker = threading.Thread(
+                target=lambda: self.cache.setdefault(key, fx.symbolic_trace(self.fn)))
+            worker.start()
+            worker.join()
+            self.graphs.append(self.cache[key])
+        return self.cache[key](*args)
+
+
+class TracedUnwatched(SymbolicTrace):
+    """symbolic_trace with the profiler switched off around it."""
+
+    def __call__(self, *args):
+        import sys
+
+        watching = sys.getprofile()
+        sys.setprofile(None)
+        try:
+            return super().__call__(*args)
+        finally:
+            sys.setprofile(watching)
+
+
+def test_tracing_a_copy_of_fn_in_a_thread_or_unwatched_is_refused():
+    assert_rejected(EX, TracedCopy, "your answer ran torch/fx/_symbolic_trace.py")
+    assert_rejected(EX, TracedInAThread, "your answer ran torch/fx/_symbolic_trace.py")
+    assert_rejected(EX, TracedUnwatched, "switched off or went around the profiler")
 
 
 def test_dynamo_is_refused():
     v = assert_rejected(EX, ViaDynamo)
-    assert "torch._dynamo compiled a frame" in v.message or "code ran" in v.message, v.message
+    assert "torch._dynamo compiled a frame" in v.message or "code ran" in v.message \
+        or "your answer ran torch/_dynamo/convert_frame.py" in v.message, v.message
+
+
+class ViaDynamoUncounted(ViaDynamo):
+    """ViaDynamo, with the check's frame counter swapped out for Dynamo's own _compile."""
+
+    def __call__(self, *args):
+        from torch._dynamo import convert_frame
+
+        counted = convert_frame._compile
+        convert_frame._compile = counted.__closure__[0].cell_contents._original
+        try:
+            return super().__call__(*args)
+        finally:
+            convert_frame._compile = counted
+
+
+def test_dynamo_hidden_from_the_frame_count_is_refused():
+    assert_rejected(EX, ViaDynamoUncounted, "your answer ran torch/_dynamo/convert_frame.py")
 
 
 def test_no_guard_is_refused(reference):

@@ -1,0 +1,57 @@
+"""Run All, as a learner does it in JupyterLab, and Run All again.
+
+Each lab's released notebook, untouched, runs top to bottom in one kernel with no error in any
+cell: a demo cell that needs an unwritten answer says what it will show and goes on. Each
+reference notebook runs top to bottom, then every code cell once more in order in the same
+kernel (a learner re-runs cells), with no error either time: a cell that registers something (a
+backend, an operator, a kernel) can run twice.
+
+The kernel is started as the grader starts one (``grader.judge.sandbox.kernel_env``: its own
+home, the lab's warm Inductor cache), in a folder of its own."""
+import copy
+
+import pytest
+from nbclient import NotebookClient
+
+from grader import notebook
+from grader.judge.grade import warm_cache_dir
+from grader.judge.sandbox import kernel_env, warm_cache
+from grader.labs import lab_ids, load_lab
+from tests.conftest import ROOT
+
+LABS = [lab for lab in lab_ids() if load_lab(lab).root == ROOT]
+
+
+def run_all(path, tmp_path, lab, passes: int) -> list[tuple]:
+    """Every code cell of the notebook at ``path`` in order, ``passes`` times over, in one
+    kernel. Returns the errors: ``(pass, cell id, exception name, first line of its value)``."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    (home / "probe").mkdir(parents=True)
+    work.mkdir()
+    warm_cache(home, warm_cache_dir(lab))
+    nb = notebook.read(path)
+    client = NotebookClient(nb, kernel_name="python3", allow_errors=True, timeout=600,
+                            resources={"metadata": {"path": str(work)}})
+    errors = []
+    with client.setup_kernel(env=kernel_env(home), cwd=str(work)):
+        for n in range(1, passes + 1):
+            for index, cell in enumerate(nb.cells):
+                if cell.cell_type != "code":
+                    continue
+                cell = cell if n == 1 else copy.deepcopy(cell)
+                client.execute_cell(cell, index)
+                errors += [(n, cell.id, o.get("ename"), str(o.get("evalue", "")).split("\n")[0])
+                           for o in cell.outputs if o.get("output_type") == "error"]
+    return errors
+
+
+@pytest.mark.parametrize("lab_id", LABS)
+def test_run_all_of_the_release_raises_nowhere(lab_id, tmp_path):
+    lab = load_lab(lab_id)
+    assert run_all(ROOT / "notebooks" / f"{lab.notebook}.ipynb", tmp_path, lab, 1) == []
+
+
+@pytest.mark.parametrize("lab_id", LABS)
+def test_every_cell_of_the_reference_runs_twice(lab_id, tmp_path):
+    lab = load_lab(lab_id)
+    assert run_all(ROOT / "solutions" / f"{lab.notebook}.ipynb", tmp_path, lab, 2) == []

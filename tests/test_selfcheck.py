@@ -120,3 +120,40 @@ def test_check_skips_what_this_machine_cannot_run(main, shown):
     main(gpu_value=42, device="cpu")
     check("toy.gpu")
     assert shown[0][0]["text/plain"].startswith("– toy.gpu: skipped — needs cuda")
+
+
+def _kernel_outputs(cells: list[str]) -> list[str]:
+    """Run ``cells`` in order in a real kernel (IPython's events fire as in JupyterLab); the
+    text of each cell's outputs."""
+    import nbformat.v4 as v4
+    from nbclient import NotebookClient
+
+    nb = v4.new_notebook(cells=[v4.new_code_cell(c) for c in cells])
+    NotebookClient(nb, kernel_name="python3", allow_errors=True, timeout=120).execute()
+    return ["".join(o.get("text", "") or o.get("data", {}).get("text/plain", "")
+                    + o.get("evalue", "") for o in c.outputs) for c in nb.cells]
+
+
+def test_check_refuses_a_definition_that_the_last_run_of_its_cell_did_not_make():
+    right = "def add(a, b):\n    return a + b\n"
+    out = _kernel_outputs([
+        "from grader.kernel.selfcheck import check",
+        right,
+        "def add(a, b):\n    return a - b\n      x = 1\n",  # an IndentationError: add unchanged
+        'check("toy.add")',
+        right,
+        'check("toy.add")',
+        "undefined_name\n" + right,  # raises before the def: add unchanged
+        'check("toy.add")',
+        right + "undefined_name\n",  # raises after the def: the new add stands
+        'check("toy.add")',
+        "print('another cell fails')\n1 / 0",  # a cell that does not define add
+        'check("toy.add")',
+    ])
+    assert out[3].startswith("✗ toy.add: error — the last run of the answer cell of toy.add "
+                             "raised IndentationError: unexpected indent"), out[3]
+    assert "`add` is still what an earlier run defined: it is not checked" in out[3]
+    assert out[5].startswith("✓ toy.add: passed"), out[5]
+    assert "raised NameError: name 'undefined_name' is not defined" in out[7], out[7]
+    assert out[9].startswith("✓ toy.add: passed"), out[9]
+    assert out[11].startswith("✓ toy.add: passed"), out[11]

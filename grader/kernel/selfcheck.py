@@ -11,6 +11,8 @@ exercise's last self-check, and each
 """
 from __future__ import annotations
 
+import functools
+import re
 import sys
 
 from grader.checks import Verdict, run_checks
@@ -24,6 +26,66 @@ TORCH_POLICIES = ("warn", "refuse", "allow")
 _LAST: dict[str, str] = {}
 #: exercise id -> how many of its hints have been shown in this kernel
 _SHOWN: dict[str, int] = {}
+#: answer name -> what the last run of a cell that defines it raised, while that run left the
+#: name as an earlier run bound it (see :func:`watch_answer_cells`)
+_STALE: dict[str, str] = {}
+#: answer name -> id() of what it was bound to when the running cell started
+_BEFORE: dict[str, int | None] = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _answer_names() -> tuple[str, ...]:
+    return tuple(sorted({e.answer for lab in lab_ids() for e in load_lab(lab).exercises}))
+
+
+def _defines(source: str, name: str) -> bool:
+    """Whether the cell ``source`` defines ``name`` at the start of a line (``def``, ``class``,
+    an assignment): read as text, since a cell that failed to compile has no syntax tree."""
+    n = re.escape(name)
+    return re.search(rf"^[ \t]*(?:(?:async[ \t]+)?def|class)[ \t]+{n}\b"
+                     rf"|^[ \t]*{n}[ \t]*(?::[^=\n]*)?=(?!=)", source, re.M) is not None
+
+
+def _bound() -> dict[str, int | None]:
+    main = vars(sys.modules["__main__"])
+    return {name: id(main[name]) if name in main else None for name in _answer_names()}
+
+
+def _before_cell(info) -> None:
+    _BEFORE.clear()
+    _BEFORE.update(_bound())
+
+
+def _after_cell(result) -> None:
+    source = getattr(result.info, "raw_cell", "") or ""
+    error = result.error_before_exec or result.error_in_exec
+    after = _bound()
+    for name in _answer_names():
+        if not _defines(source, name):
+            continue
+        if error is not None and after[name] == _BEFORE.get(name):
+            first = str(error).strip().splitlines()
+            _STALE[name] = type(error).__name__ + (f": {first[0]}" if first else "")
+        else:
+            _STALE.pop(name, None)
+
+
+def watch_answer_cells() -> None:
+    """Note, after each cell that defines an answer's name, whether it left that name as an
+    earlier run bound it because it raised (an IndentationError, or an error before the
+    definition): :func:`check` then refuses to grade the stale definition, and says why.
+    IPython's ``pre_run_cell`` and ``post_run_cell`` events; once per kernel; nothing outside
+    IPython. (A cell that raised after binding the name leaves the new definition: it is
+    checked.)"""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None or _after_cell in shell.events.callbacks["post_run_cell"]:
+        return
+    shell.events.register("pre_run_cell", _before_cell)
+    shell.events.register("post_run_cell", _after_cell)
 
 
 def _answer(exercise_id: str):
@@ -31,6 +93,10 @@ def _answer(exercise_id: str):
     lab = load_lab(exercise_id.split(".", 1)[0])
     name = lab.exercise(exercise_id).answer
     namespace = vars(sys.modules["__main__"])
+    if name in _STALE:
+        return None, (f"the last run of the answer cell of {exercise_id} raised {_STALE[name]}, "
+                      f"so `{name}` is still what an earlier run defined: it is not checked. "
+                      "Fix the cell and run it again.")
     if name not in namespace:
         msg = (f"`{name}` is not defined: the answer cell of {exercise_id} is missing or raised "
                f"before defining it. Run that cell (or restore it from the released notebook).")
@@ -209,3 +275,6 @@ def _hint_panel(exercise_id: str):
     label()
     button.on_click(reveal)
     return widgets.VBox([button, shown])
+
+
+watch_answer_cells()

@@ -894,9 +894,11 @@ def subclass_cases(check: str, seed: int) -> list[dict]:
 
     g = torch.Generator().manual_seed(seed)
     if check == "construction":
-        inner = torch.randn(3, 4, generator=g)
+        # a contiguous inner, then a view: a nonzero storage offset and transposed strides
+        base = torch.randn(5, 6, generator=g)
         return [
-            {"kind": "make", "inner": inner, "scale": _scale(g)},
+            {"kind": "make", "inner": torch.randn(3, 4, generator=g), "scale": _scale(g)},
+            {"kind": "make", "inner": base[1:, 2:].t(), "scale": _scale(g)},
             _run(g, "a + 1", [(3, 4)], lambda a: a + 1, scaled=[True]),
         ]
     if check == "ops_match_dense":
@@ -1094,6 +1096,9 @@ def _subclass_case(ScaledTensor, case: dict) -> dict:
         with torch._C.DisableTorchFunctionSubclass():
             seen["requires_grad"] = bool(t.requires_grad)
         seen["same_inner"] = getattr(t, "inner", None) is inner
+        with torch._C.DisableTorchFunctionSubclass():
+            seen["layout"] = [[list(t.stride()), t.storage_offset()],
+                              [list(inner.stride()), inner.storage_offset()]]
         keys = torch._C._dispatch_keys(t)
         seen["keys"] = repr(keys)
         seen["python_key"] = keys.has(torch._C.DispatchKey.Python)

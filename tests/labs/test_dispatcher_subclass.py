@@ -12,14 +12,16 @@ EX = "dispatcher.subclass"
 aten = torch.ops.aten
 
 
-def _scaled_tensor(*, rewrap=True, matmul="right", views=True, write_back=True, wrap_all=False):
+def _scaled_tensor(*, rewrap=True, matmul="right", views=True, write_back=True, wrap_all=False,
+                   offset=True):
     """A ScaledTensor built like the reference, with one part replaced by a plausible mistake."""
 
     class ScaledTensor(torch.Tensor):
         @staticmethod
         def __new__(cls, inner, scale):
             return torch.Tensor._make_wrapper_subclass(
-                cls, inner.shape, strides=inner.stride(), storage_offset=inner.storage_offset(),
+                cls, inner.shape, strides=inner.stride(),
+                storage_offset=inner.storage_offset() if offset else 0,
                 dtype=inner.dtype, device=inner.device, requires_grad=False)
 
         def __init__(self, inner, scale):
@@ -76,6 +78,7 @@ class AboveAutograd(torch.Tensor):
     @staticmethod
     def __new__(cls, inner, scale):
         return torch.Tensor._make_wrapper_subclass(cls, inner.shape, strides=inner.stride(),
+                                                   storage_offset=inner.storage_offset(),
                                                    dtype=inner.dtype, device=inner.device)
 
     def __init__(self, inner, scale):
@@ -119,6 +122,9 @@ WRONG = {
     "views copy instead of aliasing": (_scaled_tensor(views=False), "alias"),
     "in-place ops not written back": (_scaled_tensor(write_back=False), "after"),
     "bool and integer outputs wrapped too": (_scaled_tensor(wrap_all=True), "plain tensors"),
+    "the wrapper without inner's storage offset": (
+        _scaled_tensor(offset=False), "(1, 6), storage offset 8) has strides (1, 6) and storage "
+                                      "offset 0: pass inner's strides and storage_offset"),
     "works above autograd (detaches)": (AboveAutograd, "does not require grad"),
     "not a wrapper subclass": (PlainSubclass, "__torch_dispatch__"),
 }

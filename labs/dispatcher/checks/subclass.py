@@ -262,22 +262,31 @@ def _autograd_case(case: dict, seen: dict) -> None:
 @check(EXERCISE)
 def construction(ScaledTensor, ctx):
     """ScaledTensor(inner, scale) is a wrapper tensor with inner's shape and dtype, standing for inner * scale"""
-    pairs = _cases(ScaledTensor, "construction", ctx.seed + 60)
-    make, seen = pairs[0]
-    _raised(seen)
-    _made(seen["made"][0], make["inner"])
-    _, t_scale = _parts(seen["made"][0], "ScaledTensor(inner, scale)")
-    if not seen["same_inner"] or t_scale != make["scale"]:
-        raise CheckFailure("ScaledTensor(inner, scale) must keep the given tensor as .inner (not "
-                           "a copy) and the scale as .scale.")
-    if seen["requires_grad"]:
-        raise CheckFailure("a new ScaledTensor must not require grad (pass requires_grad=False "
-                           "to _make_wrapper_subclass); callers use .requires_grad_().")
-    if not seen["python_key"]:
-        raise CheckFailure(f"the ScaledTensor's dispatch keys are {seen['keys']}, without "
-                           "Python: create it with torch.Tensor._make_wrapper_subclass so that "
-                           "aten ops reach __torch_dispatch__.")
-    _run_case(*pairs[1])
+    *makes, run = _cases(ScaledTensor, "construction", ctx.seed + 60)
+    for make, seen in makes:
+        _raised(seen)
+        _made(seen["made"][0], make["inner"])
+        _, t_scale = _parts(seen["made"][0], "ScaledTensor(inner, scale)")
+        if not seen["same_inner"] or t_scale != make["scale"]:
+            raise CheckFailure("ScaledTensor(inner, scale) must keep the given tensor as .inner "
+                               "(not a copy) and the scale as .scale.")
+        if seen["requires_grad"]:
+            raise CheckFailure("a new ScaledTensor must not require grad (pass "
+                               "requires_grad=False to _make_wrapper_subclass); callers use "
+                               ".requires_grad_().")
+        if not seen["python_key"]:
+            raise CheckFailure(f"the ScaledTensor's dispatch keys are {seen['keys']}, without "
+                               "Python: create it with torch.Tensor._make_wrapper_subclass so "
+                               "that aten ops reach __torch_dispatch__.")
+        (strides, offset), (inner_strides, inner_offset) = seen["layout"]
+        if (strides, offset) != (inner_strides, inner_offset):
+            raise CheckFailure(
+                f"ScaledTensor(inner, scale) for an inner that is a view (strides "
+                f"{tuple(inner_strides)}, storage offset {inner_offset}) has strides "
+                f"{tuple(strides)} and storage offset {offset}: pass inner's strides and "
+                "storage_offset to torch.Tensor._make_wrapper_subclass, so that the wrapper "
+                "describes the same view of memory as inner.")
+    _run_case(*run)
 
 
 @check(EXERCISE)

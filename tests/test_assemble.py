@@ -135,6 +135,30 @@ def test_copied_cells_get_unique_ids_and_fake_check_roles_are_dropped():
     assert sum(notebook.role(c) == "grade" for c in built.nb.cells) == 3
 
 
+def test_a_duplicated_release_cell_edited_above_its_original_is_the_learner_s():
+    """JupyterLab's copy and paste keeps the cell id: the edited copy, above the unchanged
+    original, runs as the learner wrote it, and the original is not reported as edited."""
+    sub = _submission()
+    copy_ = copy.deepcopy(_cell(sub, "outro"))
+    copy_.source = "def helper():\n    return 42"
+    sub.cells.insert(sub.cells.index(_cell(sub, "outro")), copy_)
+    built = _run(sub)
+    sources = [c.source for c in built.nb.cells]
+    assert "def helper():\n    return 42" in sources
+    assert sources.index("def helper():\n    return 42") < sources.index('print("done")')
+    assert built.edited == [] and len(set(_ids(built.nb))) == len(built.nb.cells)
+    # edited below the original, the same; and with no unchanged original, the first is the
+    # release cell (restored, reported) and the second the learner's
+    sub.cells.remove(copy_)
+    sub.cells.insert(sub.cells.index(_cell(sub, "outro")) + 1, copy_)
+    assert "def helper():\n    return 42" in [c.source for c in _run(sub).nb.cells]
+    _cell(sub, "outro").source = 'print("mine")'
+    built = _run(sub)
+    sources = [c.source for c in built.nb.cells]
+    assert 'print("mine")' not in sources and "def helper():\n    return 42" in sources
+    assert [c.id for c in built.edited] == ["outro"]
+
+
 def test_skipped_exercises_neither_run_their_answers_nor_get_a_grade_cell():
     built = _run(_submission(), skipped={"toy.gpu": "needs cuda"})
     assert "grade-toy-gpu" not in _ids(built.nb) and "gpu-answer" not in _ids(built.nb)

@@ -91,14 +91,15 @@ def assemble(release: NotebookNode, submission: NotebookNode, lab: Lab, *,
     for c in kept.values():
         if c.id not in claimed:
             by_content.setdefault((c.cell_type, c.source), []).append(c)
-    for cell in submission.cells:
-        rel = kept.get(cell.get("id"))
+    owners = _owners(kept, submission)
+    for index, cell in enumerate(submission.cells):
+        rel = kept.get(cell.get("id")) if owners.get(cell.get("id")) == index else None
         if rel is None and (same := by_content.get((cell.cell_type, cell.source))):
             rel = same.pop(0)
         if rel is not None and notebook.role(cell) != "answer":
             anchor = rel.id
             seen_release.append(rel.id)
-            if cell.source != rel.source or cell.cell_type != rel.cell_type:
+            if not _unchanged(cell, rel):
                 edited.append(rel)
             continue
         if notebook.role(cell) == "answer":
@@ -145,6 +146,26 @@ def assemble(release: NotebookNode, submission: NotebookNode, lab: Lab, *,
     markdown = [ex for ex in missing if ex in answers]
     return Assembled(nb=nb, missing=missing, edited=edited, skipped=skipped, markdown=markdown,
                      notes=notes)
+
+
+def _owners(kept: dict[str, NotebookNode], submission: NotebookNode) -> dict[str, int]:
+    """For each id of a release cell ``kept`` that cells of the submission carry (answer cells
+    aside), the index of the one cell that stands for the release cell: the first unchanged
+    one, else the first. The others carry the id only because the learner duplicated the cell
+    (JupyterLab's copy and paste keeps it): they are the learner's, edited or not."""
+    owners: dict[str, int] = {}
+    for i, cell in enumerate(submission.cells):
+        rel = kept.get(cell.get("id"))
+        if rel is None or notebook.role(cell) == "answer":
+            continue
+        j = owners.get(rel.id)
+        if j is None or (_unchanged(cell, rel) and not _unchanged(submission.cells[j], rel)):
+            owners[rel.id] = i
+    return owners
+
+
+def _unchanged(cell: NotebookNode, rel: NotebookNode) -> bool:
+    return (cell.cell_type, cell.source) == (rel.cell_type, rel.source)
 
 
 def _defines(source: str) -> set[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -112,7 +113,7 @@ def cmd_autograde(args, console: Console) -> int:
     from grader.dist import autograde
 
     results = autograde(args.root, args.labs)
-    console.print(f"{results['score']:g}/{results['max_score']:g} -> "
+    console.print(f"{results['score']:g}/{results['extra_data']['max_score']:g} -> "
                   f"{safe(str(args.root / 'results' / 'results.json'))}")
     return 0
 
@@ -250,7 +251,12 @@ def cmd_merge(args, console: Console) -> int:
         for line in missing:
             console.print(f"  [red]{safe(line)}[/red]")
         return 1
-    return 1 if refused or any(g.result.error for g in graded) else 0
+    if errors := [g for g in graded if g.result.error]:
+        console.print(f"[red]{len(errors)} notebook(s) could not be graded (each scores 0 in "
+                      "the reports; fix or re-collect it and grade it again):[/red]")
+        for g in errors:
+            console.print(f"  [red]{safe(g.name)}: {safe(g.result.error)}[/red]")
+    return 1 if refused or errors else 0
 
 
 def cmd_timings(args, console: Console) -> int:
@@ -406,7 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "folders DIR into --out, then write the reports of every result "
                            "there, as an unsharded run of the batch writes them; exit 1 when a "
                            "shard's results are missing (the shards' shard.json say which "
-                           "they owe).")
+                           "they owe), when a result's digest does not verify, or when a "
+                           "notebook could not be graded (an unreadable one): each is named.")
     merge.add_argument("dirs", nargs="+", type=Path, metavar="DIR",
                        help="the --out folders of the shards")
     merge.add_argument("--out", type=Path, required=True,
@@ -466,12 +473,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def make_console(stderr: bool = False) -> Console:
     """The CLI's console: ``:x:`` in a learner's path is text, not an emoji; into a file or a
-    pipe, lines are written whole (never wrapped mid-word, paths never cut), as tables are
-    (at their natural width)."""
+    pipe, lines are written whole (never wrapped mid-word, paths never cut), and tables fit
+    ``COLUMNS`` columns, or 100 (a log file's reader has no terminal to size them by)."""
     console = Console(emoji=False, stderr=stderr)
     if console.is_terminal:
         return console
-    return Console(emoji=False, stderr=stderr, soft_wrap=True, width=100_000)
+    width = shutil.get_terminal_size((100, 24)).columns
+    return Console(emoji=False, stderr=stderr, soft_wrap=True, width=width)
 
 
 if __name__ == "__main__":

@@ -347,10 +347,11 @@ def autograde(root: Path, labs: list[str] | None = None) -> dict:
     else:
         why = ("no notebook (.ipynb) was found in your submission: upload the lab's notebook "
                "(e.g. 02_autograd.ipynb)")
-        results = {"score": 0, "max_score": 0,
+        results = {"score": 0,
                    "execution_time": math.ceil(time.monotonic() - started), "output": why,
                    "visibility": "visible", "stdout_visibility": "hidden", "tests": [],
-                   "extra_data": {"lab": "unknown", "notebook": "", "runnable_max_score": 0,
+                   "extra_data": {"lab": "unknown", "notebook": "", "max_score": 0,
+                                  "runnable_max_score": 0,
                                   "error": why, "environment": asdict(env)}}
     atomic_write(root / "results" / "results.json", json.dumps(results, indent=2) + "\n")
     return results
@@ -399,13 +400,13 @@ def merge_gradescope(results: list, notes: list[str] = ()) -> dict:
         return parts[0]
     first = parts[0]
     return {"score": sum(p["score"] for p in parts),
-            "max_score": sum(p["max_score"] for p in parts),
             "execution_time": sum(p["execution_time"] for p in parts),
             "output": "\n\n".join([p["output"] for p in parts] + notes),
             "visibility": "visible", "stdout_visibility": "hidden",
             "tests": [t for p in parts for t in p["tests"]],
             "extra_data": {"lab": ",".join(p["extra_data"]["lab"] for p in parts),
                            "notebook": ", ".join(p["extra_data"]["notebook"] for p in parts),
+                           "max_score": sum(p["extra_data"]["max_score"] for p in parts),
                            "runnable_max_score": sum(p["extra_data"]["runnable_max_score"]
                                                      for p in parts),
                            "error": "; ".join(e for p in parts

@@ -339,7 +339,7 @@ def test_the_autograder_grades_a_reference_a_stub_and_a_broken_submission(autogr
     ref = _run_autograder(autograder, tmp_path / "ref",
                           {name: (ROOT / "solutions" / name).read_bytes()})
     runnable = [e for e in lab.exercises if e.unmet("cpu") is None]
-    assert ref["score"] == ref["max_score"] == sum(e.points for e in runnable)
+    assert ref["score"] == ref["extra_data"]["max_score"] == sum(e.points for e in runnable)
     assert [t["extra_data"]["id"] for t in ref["tests"]] == [e.id for e in runnable]
     assert all(t["extra_data"]["status"] == "passed" for t in ref["tests"])
     left_out = [e.id for e in lab.exercises if e not in runnable]  # (needs a GPU)
@@ -347,7 +347,7 @@ def test_the_autograder_grades_a_reference_a_stub_and_a_broken_submission(autogr
 
     stub = _run_autograder(autograder, tmp_path / "stub",
                            {name: (ROOT / "notebooks" / name).read_bytes()})
-    assert stub["score"] == 0 and stub["max_score"] == ref["max_score"]
+    assert stub["score"] == 0 and stub["extra_data"]["max_score"] == ref["extra_data"]["max_score"]
     assert any("is still the stub" in t["output"] for t in stub["tests"])
 
     broken = _run_autograder(autograder, tmp_path / "broken", {name: b"{ not a notebook"})
@@ -376,7 +376,8 @@ def test_an_assignment_grades_its_labs_only_and_scores_a_missing_one_zero(tmp_pa
                                             .read_text()))
     lab = load_lab("allocator")
     runnable = [e for e in lab.exercises if e.unmet("cpu") is None]
-    assert results["score"] == 0 and results["max_score"] == sum(e.points for e in runnable)
+    assert results["score"] == 0
+    assert results["extra_data"]["max_score"] == sum(e.points for e in runnable)
     assert [t["extra_data"]["id"] for t in results["tests"]] == [e.id for e in runnable]
     assert all("not submitted" in t["output"] for t in results["tests"])
     assert "06_export.ipynb was not graded: it is lab export" in results["output"]
@@ -402,7 +403,7 @@ def test_several_notebooks_make_one_results_json_and_a_lab_twice_counts_once():
     jsonschema.validate(merged, json.loads((ROOT / "grader" / "gradescope.schema.json")
                                            .read_text()))
     assert merged["score"] == again.score + other.score
-    assert merged["max_score"] == again.max_score + other.max_score
+    assert merged["extra_data"]["max_score"] == again.max_score + other.max_score
     assert len(merged["tests"]) == len(again.exercises) + len(other.exercises)
     assert "02_autograd.ipynb is lab autograd too" in merged["output"]
     assert merged["extra_data"]["lab"] == "autograd,export"

@@ -43,6 +43,20 @@ def test_workflow_examples_are_valid_github_workflows():
     assert run.returncode == 0, run.stdout + run.stderr
 
 
+def test_actionlint_knows_every_self_hosted_runner_label():
+    """actionlint refuses a runner label it does not know: .github/actionlint.yaml declares the
+    self-hosted ones the workflows use (beside `self-hosted` itself)."""
+    config = yaml.safe_load((ROOT / ".github" / "actionlint.yaml").read_text())
+    used = set()
+    for path in (ROOT / ".github" / "workflows").glob("*.yml"):
+        for job in yaml.safe_load(path.read_text())["jobs"].values():
+            labels = job.get("runs-on", [])
+            labels = [labels] if isinstance(labels, str) else labels
+            if "self-hosted" in labels:
+                used |= set(labels) - {"self-hosted"}
+    assert used == {"gpu"} and used <= set(config["self-hosted-runner"]["labels"])
+
+
 # ------------------------------------------------------------------ Makefile
 
 def _make_n(*args: str, env: dict | None = None) -> str:

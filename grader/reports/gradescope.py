@@ -21,7 +21,9 @@ def _run_line(r: LabResult) -> str:
 
 def gradescope_results(result: LabResult) -> dict:
     """The submission as Gradescope's autograder ``results.json`` (the subset described by
-    ``grader/gradescope.schema.json``): ``score`` and ``max_score`` in points,
+    ``grader/gradescope.schema.json``): ``score`` in points (its specification has no
+    top-level maximum: Gradescope scores out of the assignment's own total; the lab's is
+    ``extra_data.max_score``),
     ``execution_time`` in whole seconds (rounded up), ``output`` (the run: score over the
     whole lab and over what could run, seed, device, notes, grading error), one test per
     exercise and the run's environment in ``extra_data``.
@@ -52,11 +54,12 @@ def gradescope_results(result: LabResult) -> dict:
               "visibility": "visible",
               "extra_data": {"id": e.id, "status": e.status, "duration_s": e.duration_s}}
              for e in result.exercises]
-    return {"score": result.score, "max_score": result.max_score,
+    return {"score": result.score,
             "execution_time": math.ceil(result.duration_s),
             "output": "\n".join(lines), "visibility": "visible", "stdout_visibility": "hidden",
             "tests": tests,
             "extra_data": {"lab": result.lab, "notebook": Path(result.notebook).name,
+                           "max_score": result.max_score,
                            "runnable_max_score": result.runnable_max_score,
                            "error": result.error, "environment": asdict(env)}}
 

@@ -1,6 +1,7 @@
 """Command line: ``grader release [--check]``, ``grader lab``, ``grader grade PATH... --out
 DIR [--shard K/N]``, ``grader merge DIR... --out DIR`` (the shards' reports), ``grader timings
-CPU_DIR CUDA_DIR``, ``grader dist student|gradescope OUT`` and ``grader autograde ROOT`` (what
+CPU_DIR CUDA_DIR``, ``grader compare DIR_A DIR_B`` (what differs between two gradings),
+``grader dist student|gradescope OUT`` and ``grader autograde ROOT`` (what
 a Gradescope autograder runs)."""
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ def cmd_lab(args, console: Console) -> int:
 
     console.print(f"JupyterLab on the first lab in {args.folder}/ (your copies; never "
                   "overwritten); stop it with Ctrl-C")
-    launch(args.folder, args.home)
+    launch(args.folder, args.home, args.jupyter)
     return 0  # (not reached: launch replaces this process)
 
 
@@ -259,6 +260,18 @@ def cmd_merge(args, console: Console) -> int:
     return 1 if refused or errors else 0
 
 
+def cmd_compare(args, console: Console) -> int:
+    from grader.reports.console import differences_table
+
+    a, b = _results_by_lab(args.dir_a), _results_by_lab(args.dir_b)
+    if (table := differences_table(a, b)) is None:
+        console.print(f"no exercise differs: {sum(len(r.exercises) for r in a.values())} "
+                      f"exercise(s) of {len(a)} lab(s) have the same status and points")
+        return 0
+    console.print(table)
+    return 1
+
+
 def cmd_timings(args, console: Console) -> int:
     from grader.reports.console import timings_table
 
@@ -355,7 +368,10 @@ def build_parser() -> argparse.ArgumentParser:
     rel.set_defaults(func=cmd_release)
 
     lab = sub.add_parser("lab", help="open JupyterLab on the first lab, with the course's "
-                         "kernel and settings")
+                         "kernel and settings",
+                         epilog="Any other option is jupyter lab's own, and goes to it: e.g. "
+                         "--port 8890 --no-browser --ip 0.0.0.0 "
+                         "--IdentityProvider.token=SECRET.")
     lab.add_argument("folder", nargs="?", type=Path, default=Path("work"),
                      help="where your copies of the released notebooks are, or go (default: "
                      "work)")
@@ -433,6 +449,13 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the --out folder of the same notebooks graded with --device cuda")
     timings.set_defaults(func=cmd_timings)
 
+    compare = sub.add_parser("compare", help="the exercises whose status or points differ "
+                             "between two gradings of the same notebooks (e.g. under two torch "
+                             "releases: make other-torch); exit 1 when any does")
+    compare.add_argument("dir_a", type=Path, metavar="DIR_A", help="the --out folder of one")
+    compare.add_argument("dir_b", type=Path, metavar="DIR_B", help="the --out folder of the other")
+    compare.set_defaults(func=cmd_compare)
+
     dist = sub.add_parser("dist", help="write a copy of the course for a class: a learner's "
                           "(no solution, no hidden check) or a Gradescope autograder")
     dist.add_argument("kind", choices=["student", "gradescope"],
@@ -462,7 +485,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code: 0 graded, 1 some notebook could not be graded (or
     notebooks/ is stale), 2 bad arguments, 3 a score below ``--fail-under``."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if getattr(args, "func", None) is cmd_lab:  # the rest is jupyter lab's (--port, ...)
+        args.jupyter = [a for a in extra if a != "--"]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     console = make_console()
     try:
         return args.func(args, console)

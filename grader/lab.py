@@ -17,6 +17,7 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
+from grader import notebook
 from grader.labs import lab_ids, load_lab
 
 #: JupyterLab settings the course ships: plugin id -> settings
@@ -24,8 +25,9 @@ SETTINGS = Path(__file__).with_name("lab_settings.json")
 
 
 def display_name() -> str:
-    """The kernel's name in JupyterLab: ``PyTorch internals (torch 2.13.0)``."""
-    return f"PyTorch internals (torch {version('torch').split('+')[0]})"
+    """The kernel's name in JupyterLab: ``PyTorch internals (torch 2.13.0)``, for the
+    installed torch."""
+    return notebook.kernelspec(version("torch"))["display_name"]
 
 
 def copy_releases(folder: Path) -> list[Path]:
@@ -72,14 +74,15 @@ def command(notebook: Path, *extra: str) -> list[str]:
             f"--LabApp.default_url=/lab/tree/{notebook.name}", *root, *extra]
 
 
-def launch(folder: Path, home: Path) -> None:
+def launch(folder: Path, home: Path, options: list[str] = ()) -> None:
     """Copy the releases into ``folder`` and replace this process with a JupyterLab on the
-    first lab. Raises GraderError when there is no released notebook."""
+    first lab, given ``options`` (``jupyter lab``'s own: ``--port``, ``--no-browser``...).
+    Raises GraderError when there is no released notebook."""
     from grader.errors import GraderError
 
     notebooks = copy_releases(folder)
     if not notebooks:
         raise GraderError("no released notebook to open: run `make release` first")
     env = os.environ | prepare(home)
-    cmd = command(notebooks[0])
+    cmd = command(notebooks[0], *options)
     os.execve(cmd[0], cmd, env)

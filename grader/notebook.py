@@ -34,6 +34,14 @@ _RESAVE = ("fix it there in a text editor, or hand in a good copy: JupyterLab sa
            "File > Download while the notebook is still open in it")
 
 
+def kernelspec(torch_version: str) -> dict[str, str]:
+    """The course kernel's spec as a notebook's metadata names it: ``python3``, shown as
+    ``PyTorch internals (torch 2.13.0)`` (the release notebooks carry the pinned torch's, so
+    JupyterLab, whose kernel has that name, has nothing to rewrite when it opens one)."""
+    return {"display_name": f"PyTorch internals (torch {torch_version.split('+')[0]})",
+            "language": "python", "name": "python3"}
+
+
 def read(path: str | Path) -> NotebookNode:
     """Read a notebook as nbformat 4 (upgrading older minor versions, adding missing cell ids),
     tolerating what editors add: a UTF-8 byte-order mark before the JSON, and Windows line

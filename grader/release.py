@@ -17,6 +17,7 @@ from nbformat import NotebookNode
 from grader import notebook
 from grader.errors import ReleaseError, ReleaseOutOfDate
 from grader.labs import lab_of, load_lab
+from grader.results import PINNED_TORCH
 
 BEGIN = re.compile(r"^(\s*)#\s*BEGIN SOLUTION\s*$")
 END = re.compile(r"^\s*#\s*END SOLUTION\s*$")
@@ -84,6 +85,7 @@ def release_notebook(nb: NotebookNode, name: str) -> NotebookNode:
                 raise ReleaseError(f"{name}: exercise {e.id} needs exactly one {role} cell, "
                                    f"found {seen.get((role, e.id), 0)}")
     out.metadata.pop("papermill", None)
+    out.metadata["kernelspec"] = notebook.kernelspec(PINNED_TORCH)
     return out
 
 

@@ -1,6 +1,9 @@
 """`grader lab` (make lab): the learner's copies, the course's kernelspec and settings."""
 import json
 import sys
+from pathlib import Path
+
+import pytest
 
 from grader.lab import SETTINGS, command, copy_releases, display_name, prepare
 from grader.labs import lab_ids, load_lab
@@ -43,3 +46,21 @@ def test_jupyterlab_opens_the_notebook_itself(tmp_path):
     assert cmd[:3] == [sys.executable, "-m", "jupyterlab"]
     assert cmd[3] == str(tmp_path / "01_dispatcher.ipynb") and cmd[-1] == "--no-browser"
     assert "--LabApp.default_url=/lab/tree/01_dispatcher.ipynb" in cmd  # the URL printed
+
+
+def test_grader_lab_hands_jupyter_lab_s_own_options_to_it(tmp_path, monkeypatch):
+    """`grader lab work -- --port 8890 --no-browser`: port, token, browser as jupyter lab takes
+    them."""
+    import grader.lab
+    from grader.cli import main
+
+    launched = []
+    monkeypatch.setattr(grader.lab, "launch", lambda *a: launched.append(a))
+    options = ["--port", "8890", "--no-browser", "--IdentityProvider.token=secret"]
+    assert main(["lab", str(tmp_path), "--home", str(tmp_path / "j"), "--", *options]) == 0
+    assert main(["lab", str(tmp_path), *options]) == 0
+    assert launched == [(tmp_path, tmp_path / "j", options),
+                        (tmp_path, Path("build/jupyter"), options)]
+    assert main(["lab", str(tmp_path)]) == 0 and launched[-1][2] == []
+    with pytest.raises(SystemExit):  # (other commands still refuse what they do not know)
+        main(["timings", str(tmp_path), str(tmp_path), "--port", "1"])

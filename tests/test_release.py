@@ -6,7 +6,7 @@ import pytest
 from grader import notebook
 from grader.errors import ReleaseError, ReleaseOutOfDate
 from grader.release import release, release_notebook, stub_source
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, ROOT
 
 TOY = FIXTURES / "solutions" / "90_toy.ipynb"
 
@@ -84,3 +84,17 @@ def test_check_detects_a_stale_or_orphan_release(tmp_path):
 
 def test_committed_fixture_release_is_current():
     release(FIXTURES, check=True)
+
+
+def test_release_notebooks_name_the_course_kernel_so_jupyterlab_rewrites_nothing():
+    """JupyterLab sets a notebook's kernelspec to its kernel's on open (a change to save): the
+    release carries the course kernel's own, the one `grader lab` installs."""
+    from grader.lab import display_name
+    from grader.results import PINNED_TORCH, installed_torch, is_pinned_torch
+
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        spec = notebook.read(path).metadata["kernelspec"]
+        assert spec == {"display_name": f"PyTorch internals (torch {PINNED_TORCH})",
+                        "language": "python", "name": "python3"}, path.name
+        if is_pinned_torch(installed_torch()):
+            assert spec["display_name"] == display_name()

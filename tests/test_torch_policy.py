@@ -336,3 +336,32 @@ def test_timings_of_a_folder_that_is_not_a_grading_is_a_clear_error(tmp_path, ca
     (tmp_path / "empty").mkdir()
     assert main(["timings", str(tmp_path / "empty"), str(tmp_path / "gone")]) == 2
     assert "no results (give the --out folder of a grading)" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ grader compare
+
+def test_compare_lists_the_exercises_that_differ_under_another_torch(tmp_path, capsys):
+    def graded(folder, torch_version, status):
+        r = LabResult(lab="autograd", notebook="02_autograd.ipynb",
+                      environment=replace(ENV, torch_version=torch_version),
+                      exercises=(ExerciseResult("autograd.one", "One", "passed", 10, 10, "ok"),
+                                 ExerciseResult("autograd.two", "Two", status,
+                                                10 if status == "passed" else 0, 10,
+                                                "ok" if status == "passed" else
+                                                "check 1/3 raised AttributeError: no aten.foo\n"
+                                                "more")))
+        (tmp_path / folder).mkdir()
+        r.write(tmp_path / folder / "autograd.json")
+
+    graded("pinned", "2.13.0+cpu", "passed")
+    graded("same", "2.13.0+cpu", "passed")
+    graded("next", "2.14.1+cu130", "error")
+    assert main(["compare", str(tmp_path / "pinned"), str(tmp_path / "same")]) == 0
+    assert "no exercise differs: 2 exercise(s) of 1 lab(s)" in capsys.readouterr().out
+    assert main(["compare", str(tmp_path / "pinned"), str(tmp_path / "next")]) == 1
+    out = capsys.readouterr().out
+    assert "torch 2.13.0+cpu versus torch 2.14.1+cu130" in out
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in out.splitlines()]
+    assert [r[:3] for r in rows if r and r[0].startswith("autograd.")] == [
+        ["autograd.two", "passed 10/10", "error 0/10"]]
+    assert "AttributeError: no aten.foo" in out and "more" not in out

@@ -133,11 +133,17 @@ def warning(title: str, message: str) -> dict[str, str]:
 
 def progress(title: str, rows: Sequence[tuple[str, str, str, float, float]]) -> dict[str, str]:
     """A lab's progress as a MIME bundle. ``rows``: (exercise id, title, status of its last
-    self-check or ``not run``, points if the hidden checks pass too, max points)."""
-    done = [r for r in rows if r[2] == "passed"]
-    got, most = sum(r[3] for r in rows), sum(r[4] for r in rows)
-    summary = (f"{title}: {len(done)} of {len(rows)} exercises pass their public checks, worth "
+    self-check, ``not run``, or ``skipped`` for one this machine cannot run, points if the
+    hidden checks pass too, max points). The summary counts what can run here; the points of
+    the skipped exercises are told apart."""
+    here = [r for r in rows if r[2] != "skipped"]
+    done = [r for r in here if r[2] == "passed"]
+    got, most = sum(r[3] for r in here), sum(r[4] for r in here)
+    summary = (f"{title}: {len(done)} of {len(here)} exercises pass their public checks, worth "
                f"{got:g} of {most:g} points (the grader also runs hidden checks)")
+    if elsewhere := [r for r in rows if r[2] == "skipped"]:
+        summary += (f"; {len(elsewhere)} more, worth {sum(r[4] for r in elsewhere):g} points, "
+                    "need what this machine lacks (a GPU) and are graded where it is")
     plain = Table([(r[2], r[0], r[1], f"{r[3]:g}/{r[4]:g}") for r in rows],
                   ["status", "exercise", "title", "points"], caption=summary)
     td = "padding:2px 10px;text-align:left"

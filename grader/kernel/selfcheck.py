@@ -196,9 +196,10 @@ def _progress_id(lab_id: str) -> str:
 
 def _progress(lab_id: str) -> dict[str, str]:
     lab = load_lab(lab_id)
+    device = str(vars(sys.modules["__main__"]).get("device", "cpu"))
     rows = []
     for e in lab.exercises:
-        status = _LAST.get(e.id, "not run")
+        status = "skipped" if e.unmet(device) else _LAST.get(e.id, "not run")
         rows.append((e.id, e.title, status, e.points if status == "passed" else 0, e.points))
     return rich.progress(lab.title, rows)
 

@@ -113,3 +113,31 @@ def timings_table(cpu: dict[str, LabResult], cuda: dict[str, LabResult]) -> Tabl
         ratio = f"{a.duration_s / b.duration_s:.2f}" if a and b and b.duration_s else "–"
         t.add_row(lab, seconds(a), seconds(b), ratio, score(a), score(b))
     return t
+
+
+def differences_table(a: dict[str, LabResult], b: dict[str, LabResult]) -> Table | None:
+    """The exercises whose status or points differ between two gradings of the same notebooks
+    (results by lab id: e.g. the reference solutions under the pinned torch, then under
+    another): one row each, with both sides' status and points and the first line of the
+    message of the side that did worse. None when no exercise differs. The title names both
+    sides' torch versions."""
+    versions = [next((r.environment.torch_version for r in side.values()), "–")
+                for side in (a, b)]
+    t = Table(title=f"torch {versions[0]} versus torch {versions[1]}: what differs")
+    for name in ("exercise", versions[0], versions[1], "why"):
+        t.add_column(name, overflow="fold")
+    for lab in sorted(a.keys() | b.keys()):
+        left = {e.id: e for e in a[lab].exercises} if lab in a else {}
+        right = {e.id: e for e in b[lab].exercises} if lab in b else {}
+        for ex in [*left, *(e for e in right if e not in left)]:
+            x, y = left.get(ex), right.get(ex)
+            if x and y and (x.status, x.points) == (y.status, y.points):
+                continue
+            worse = y if x is None or (y is not None and y.points < x.points) else x
+            t.add_row(ex, _status(x), _status(y),
+                      (worse.message.splitlines() or [""])[0] if worse else "")
+    return t if t.row_count else None
+
+
+def _status(e) -> str:
+    return f"{e.status} {e.points:g}/{e.max_points:g}" if e else "–"

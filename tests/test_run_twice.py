@@ -1,0 +1,17 @@
+"""Every cell can run twice: each reference notebook runs top to bottom, then every code cell
+once more in order in the same kernel (a learner re-runs cells), with no error either time; a
+cell that registers something (a backend, an operator, a kernel) can run again. For the lab
+whose reference is slowest (HEAVY: AOTInductor and ONNX exports, about 80 s twice over on two
+cores), its release runs twice instead: its answer cells then only define stubs."""
+import pytest
+
+from grader.labs import load_lab
+from tests.conftest import ROOT
+from tests.test_run_all import HEAVY, LABS, run_all
+
+
+@pytest.mark.parametrize("lab_id", LABS)
+def test_every_cell_runs_twice(lab_id, tmp_path):
+    lab = load_lab(lab_id)
+    folder = "notebooks" if lab_id == HEAVY else "solutions"
+    assert run_all(ROOT / folder / f"{lab.notebook}.ipynb", tmp_path, lab, 2) == []

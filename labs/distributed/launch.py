@@ -21,7 +21,9 @@ What it guarantees, so that a learner's rank that hangs or dies costs one call, 
   kernel's own output channel is never touched by a fork.
 
 Each rank sees the environment torchrun would set for it (``RANK``, ``WORLD_SIZE``,
-``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) and runs torch with one intra-op thread.
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) and runs torch with one intra-op thread. The variables that
+choose the network (:data:`NETWORK_ENV`) are those the calling process was started with: a
+``GLOO_SOCKET_IFNAME`` a notebook set for another machine does not reach the ranks.
 (torch/distributed/run.py: torchrun; torch/distributed/distributed_c10d.py:
 init_process_group; torch/csrc/distributed/c10d/FileStore.hpp: FileStore.)
 """
@@ -185,7 +187,8 @@ class _Rank:
         self.conn, child_end = context.Pipe(duplex=False)
         self.process = context.Process(
             target=_rank_main, name=f"rank {rank}", daemon=True,
-            args=(rank, world_size, folder, backend, timeout, fn, args, child_end))
+            args=(rank, world_size, folder, backend, timeout, fn, args, child_end,
+                  started_network_env()))
         self.process.start()
         child_end.close()
 
@@ -372,9 +375,31 @@ def _failure(failed: list[_Rank], timeout: float) -> Exception:
         failed[0].rank)
 
 
-def _rank_main(rank, world_size, folder, backend, timeout, fn, args, conn) -> None:
+#: the variables that steer how ranks find each other (gloo's, TensorPipe's and NCCL's network
+#: interface, gloo's transport, torchrun's rendezvous address): a value a notebook set for
+#: another machine (a laptop's "en0") must not cost a world here
+NETWORK_ENV = ("GLOO_SOCKET_IFNAME", "GLOO_DEVICE_TRANSPORT", "TP_SOCKET_IFNAME",
+               "NCCL_SOCKET_IFNAME", "MASTER_ADDR", "MASTER_PORT")
+
+
+def started_network_env() -> dict[str, str | None]:
+    """:data:`NETWORK_ENV` as this process was started with (``/proc/self/environ``: what its
+    parent gave it, whatever ``os.environ`` says since), None for those it was not given; where
+    there is no ``/proc``, as ``os.environ`` has them."""
+    try:
+        raw = Path("/proc/self/environ").read_bytes()
+    except OSError:
+        return {name: os.environ.get(name) for name in NETWORK_ENV}
+    started = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {name: (v.decode(errors="replace") if (v := started.get(name.encode())) is not None
+                   else None) for name in NETWORK_ENV}
+
+
+def _rank_main(rank, world_size, folder, backend, timeout, fn, args, conn, network) -> None:
     """The body of a forked rank; never returns (``os._exit``: the parent's exit handlers, the
-    kernel's among them, must not run in a copy of it)."""
+    kernel's among them, must not run in a copy of it). ``network``: the values of
+    :data:`NETWORK_ENV` the rank joins the group with (those the calling process was started
+    with)."""
     code, joined = 0, False
     try:
         os.setpgid(0, 0)
@@ -389,6 +414,11 @@ def _rank_main(rank, world_size, folder, backend, timeout, fn, args, conn) -> No
         faulthandler.register(signal.SIGUSR1, file=stack)
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                           LOCAL_WORLD_SIZE=str(world_size))
+        for name, value in network.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         import torch
         import torch.distributed as dist
 

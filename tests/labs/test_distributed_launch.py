@@ -367,3 +367,19 @@ def test_an_answer_that_raises_on_a_rank_is_an_error_with_the_learners_line():
     assert v.status == "error", v.message
     assert ("rank 1 raised ValueError: chunk sizes do not add up at line 4 of your cell: "
             '`raise ValueError("chunk sizes do not add up")`') in v.message, v.message
+
+
+def _network_seen():
+    return os.environ.get("GLOO_SOCKET_IFNAME"), dist.get_rank()
+
+
+def test_a_network_interface_the_notebook_set_for_another_machine_does_not_reach_the_ranks(
+        monkeypatch):
+    """A notebook written on a laptop set GLOO_SOCKET_IFNAME="en0": gloo finds no such
+    interface here and every rank fails to join. The ranks get the network settings the
+    process was started with (here: none)."""
+    assert launch.started_network_env()["GLOO_SOCKET_IFNAME"] is None  # (this test's premise)
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "en0")
+    monkeypatch.setenv("MASTER_PORT", "1")
+    assert run(_network_seen, 2) == [(None, 0), (None, 1)]
+    assert run(_network_seen, 2, clean=True) == [(None, 0), (None, 1)]

@@ -37,7 +37,8 @@ from typing import Any, Callable
 
 from grader.kernel import probe as _probe
 from grader.labs import modelled
-from grader.kernel.probe import plain, probe, raised, seeded_rng, state_changes, torch_defaults
+from grader.kernel.probe import (config_changes, plain, probe, raised, seeded_rng,  # noqa: F401
+                                  state_changes, torch_defaults)
 from grader.results import ANSI
 
 __all__ = ["Answer", "AnswerError", "AnswerRaised", "CheckContext", "CheckFailure", "Verdict",

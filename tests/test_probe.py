@@ -126,3 +126,19 @@ def test_the_kernel_side_imports_nothing_of_the_judge_or_the_reports():
     assert "grader.kernel.selfcheck" in loaded and len(labs) >= 5
     assert [m for m in loaded if m.startswith(("grader.judge", "grader.reports", "grader.cli"))
             ] == []
+
+
+def test_config_changes_names_what_the_notebook_set_with_torch_s_defaults():
+    """What a check patches to run under Inductor's own configuration (lab 6's AOTInductor
+    probe: a Homebrew compiler left in cpp.cxx cost export.aoti)."""
+    import torch._inductor.config as inductor_config
+
+    from grader.checks import config_changes
+
+    default = inductor_config.cpp.cxx
+    assert "cpp.cxx" not in config_changes(inductor_config)
+    with inductor_config.patch({"cpp.cxx": ("/opt/homebrew/opt/llvm/bin/clang++",)}):
+        assert config_changes(inductor_config) == {"cpp.cxx": default}
+        with inductor_config.patch(config_changes(inductor_config)):
+            assert inductor_config.cpp.cxx == default
+        assert inductor_config.cpp.cxx == ("/opt/homebrew/opt/llvm/bin/clang++",)

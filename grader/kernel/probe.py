@@ -276,6 +276,29 @@ def _no_function_modes(torch):
             torch._C._push_on_torch_function_stack(mode)
 
 
+def config_changes(module) -> dict[str, Any]:
+    """The entries of a torch config module (``torch._inductor.config``,
+    ``torch._dynamo.config``...) that differ from their defaults, mapped to those defaults (a
+    value an environment variable forces or defaults counts as the default): the body of
+    ``with module.patch(config_changes(module)):`` runs with torch's own configuration, whatever
+    the notebook set (a Homebrew ``cpp.cxx``, a cache setting), and the notebook's is back
+    afterwards. (torch/utils/_config_module.py: ConfigModule, _ConfigEntry.)"""
+    from torch.utils._config_module import _UNSET_SENTINEL
+
+    defaults = {}
+    for name, entry in module._config.items():
+        if entry.alias is not None:
+            continue
+        if entry.env_value_force is not _UNSET_SENTINEL:
+            defaults[name] = entry.env_value_force
+        elif entry.env_value_default is not _UNSET_SENTINEL:
+            defaults[name] = entry.env_value_default
+        else:
+            defaults[name] = entry.default
+    now = module.get_config_copy()
+    return {k: defaults[k] for k in now if k in defaults and now[k] != defaults[k]}
+
+
 @contextlib.contextmanager
 def torch_defaults():
     """Run the body under torch's default global state, whatever the notebook set before:

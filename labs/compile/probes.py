@@ -24,9 +24,8 @@ import torch._functorch.config as functorch_config
 import torch._inductor.config as inductor_config
 from torch import fx
 from torch._dynamo.testing import CompileCounter
-from torch.utils._config_module import _UNSET_SENTINEL
 
-from grader.checks import plain, probe, raised
+from grader.checks import config_changes, plain, probe, raised
 from labs.compile import programs, viz
 
 #: how much of an exception's message a probe returns
@@ -34,28 +33,6 @@ _TEXT = 2000
 
 
 # ------------------------------------------------------------------ a clean compiler
-def _defaults(module) -> dict:
-    """``module``'s config entries (a torch config module) and their default values: a value
-    forced or defaulted by an environment variable counts as the default."""
-    found = {}
-    for name, entry in module._config.items():
-        if entry.alias is not None:
-            continue
-        if entry.env_value_force is not _UNSET_SENTINEL:
-            found[name] = entry.env_value_force
-        elif entry.env_value_default is not _UNSET_SENTINEL:
-            found[name] = entry.env_value_default
-        else:
-            found[name] = entry.default
-    return found
-
-
-def _changed(module) -> dict:
-    """The entries of ``module`` the notebook changed, with their defaults."""
-    now, default = module.get_config_copy(), _defaults(module)
-    return {k: default[k] for k in now if k in default and now[k] != default[k]}
-
-
 @probe
 def changed_config(answer) -> list[str]:
     """The config entries the notebook changed from their defaults, which the checks set back
@@ -63,7 +40,7 @@ def changed_config(answer) -> list[str]:
     ...]``."""
     return [f"{label}.{name}" for label, module in (("torch._dynamo.config", torch._dynamo.config),
                                                     ("torch._inductor.config", inductor_config))
-            for name in sorted(_changed(module))]
+            for name in sorted(config_changes(module))]
 
 
 class FrameCount:
@@ -110,7 +87,7 @@ def fresh_compiler(functorch: bool = False):
         stack.enter_context(viz.dynamo_quiet())
         modules = [torch._dynamo.config, inductor_config] + [functorch_config] * functorch
         for module in modules:
-            if diff := _changed(module):
+            if diff := config_changes(module):
                 stack.enter_context(module.patch(diff))
         try:
             yield

@@ -15,7 +15,7 @@ import io
 import warnings
 
 from grader.checks import probe
-from grader.checks import plain, raised
+from grader.checks import config_changes, plain, raised
 
 #: how much of an exception's message a probe returns
 _TEXT = 8000
@@ -644,7 +644,9 @@ def _batch_ranges(found: list):
 @probe
 def aoti_runs(package_aoti, widths: list, state: dict, example, xs: list) -> dict:
     """``package_aoti(models.mlp(widths) with state, example, path)`` (``path`` a ``model.pt2``
-    in an empty temporary folder) under ``aot_inductor.check_lowerbound=False``; then the package
+    in an empty temporary folder) under Inductor's default configuration, whatever the notebook
+    set (:func:`grader.checks.config_changes`), with ``aot_inductor.check_lowerbound=False``;
+    then the package
     at the path it returned loaded with ``torch._inductor.aoti_load_package`` and run, with
     ``AOTI_RUNTIME_CHECK_INPUTS`` set, on each x of ``xs``. Returns ``{"returned": {"type": the
     returned value's type's name, "path": it as a str when it is a str or PathLike, else None},
@@ -669,8 +671,10 @@ def aoti_runs(package_aoti, widths: list, state: dict, example, xs: list) -> dic
            "aoti": False, "load": None, "outputs": [], "ranges": []}
     with tempfile.TemporaryDirectory(prefix="aoti_") as folder:
         path = os.path.join(folder, "model.pt2")
-        with quiet(*_COMPILERS), inductor_config.patch({"aot_inductor.check_lowerbound": False}), \
-                _batch_ranges(out["ranges"]):
+        # Inductor's own configuration, whatever the notebook set (a compiler of another
+        # machine in cpp.cxx), with the exercise's one setting
+        config = {**config_changes(inductor_config), "aot_inductor.check_lowerbound": False}
+        with quiet(*_COMPILERS), inductor_config.patch(config), _batch_ranges(out["ranges"]):
             got = package_aoti(model, example.clone(), path)
         is_path = isinstance(got, (str, os.PathLike))
         got_path = os.fspath(got) if is_path else None

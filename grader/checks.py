@@ -37,7 +37,8 @@ from typing import Any, Callable
 
 from grader.kernel import probe as _probe
 from grader.labs import modelled
-from grader.kernel.probe import (config_changes, plain, probe, raised, seeded_rng,  # noqa: F401
+from grader.kernel.probe import (compiler_caches_as_started, config_changes,  # noqa: F401
+                                  plain, probe, raised, seeded_rng, started_environ,
                                   state_changes, torch_defaults)
 from grader.results import ANSI
 

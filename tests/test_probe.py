@@ -142,3 +142,23 @@ def test_config_changes_names_what_the_notebook_set_with_torch_s_defaults():
         with inductor_config.patch(config_changes(inductor_config)):
             assert inductor_config.cpp.cxx == default
         assert inductor_config.cpp.cxx == ("/opt/homebrew/opt/llvm/bin/clang++",)
+
+
+def test_checks_compile_into_the_cache_folder_the_process_started_with(tmp_path, monkeypatch):
+    """A notebook pointed Inductor's and Triton's caches elsewhere (a Colab Drive path, one that
+    cannot be made): what a check compiles still goes where the process was started with."""
+    import os
+
+    from torch._inductor.runtime.cache_dir_utils import cache_dir, default_cache_dir
+
+    from grader.checks import compiler_caches_as_started, started_environ
+
+    started = started_environ().get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()
+    drive = "/proc/no/content/drive/MyDrive/inductor"  # (cannot be made)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", drive)
+    monkeypatch.setenv("TRITON_CACHE_DIR", drive + "/triton")
+    with compiler_caches_as_started():
+        assert cache_dir() == os.path.abspath(started)
+        assert os.environ.get("TRITON_CACHE_DIR") == started_environ().get("TRITON_CACHE_DIR")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == drive
+    assert os.environ["TRITON_CACHE_DIR"] == drive + "/triton"

@@ -276,6 +276,53 @@ def _no_function_modes(torch):
             torch._C._push_on_torch_function_stack(mode)
 
 
+def started_environ() -> dict[str, str]:
+    """The environment this process was started with (``/proc/self/environ``: what its parent
+    gave it, whatever ``os.environ`` says since); where there is no ``/proc``, ``os.environ``."""
+    import os
+
+    try:
+        raw = Path("/proc/self/environ").read_bytes()
+    except OSError:
+        return dict(os.environ)
+    return {k.decode(errors="replace"): v.decode(errors="replace")
+            for k, _, v in (item.partition(b"=") for item in raw.split(b"\0") if b"=" in item)}
+
+
+@contextlib.contextmanager
+def compiler_caches_as_started():
+    """Run the body with Inductor's cache folder (``TORCHINDUCTOR_CACHE_DIR``) and Triton's
+    (``TRITON_CACHE_DIR``) as this process was started with them, whatever the notebook set
+    since (a Colab Drive path, a folder that cannot be made): what a check compiles stays in
+    the grader's folders (the run's own, in a grading kernel). The notebook's settings are back
+    afterwards. (torch/_inductor/runtime/cache_dir_utils.py: cache_dir, temporary_cache_dir.)"""
+    import os
+
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir, temporary_cache_dir
+
+    started = started_environ()
+    inductor = os.path.abspath(started.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir())
+    triton = started.get("TRITON_CACHE_DIR")
+    now = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with contextlib.ExitStack() as stack:
+        if now is not None and os.path.abspath(now) != inductor:
+            stack.enter_context(temporary_cache_dir(inductor))
+        if (before := os.environ.get("TRITON_CACHE_DIR")) != triton:
+            stack.callback(_set_env, "TRITON_CACHE_DIR", before)
+            _set_env("TRITON_CACHE_DIR", triton)
+        yield
+
+
+def _set_env(name: str, value: str | None) -> None:
+    """``os.environ[name] = value``, or no ``name`` when value is None."""
+    import os
+
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
 def config_changes(module) -> dict[str, Any]:
     """The entries of a torch config module (``torch._inductor.config``,
     ``torch._dynamo.config``...) that differ from their defaults, mapped to those defaults (a

@@ -25,7 +25,7 @@ import torch._inductor.config as inductor_config
 from torch import fx
 from torch._dynamo.testing import CompileCounter
 
-from grader.checks import config_changes, plain, probe, raised
+from grader.checks import compiler_caches_as_started, config_changes, plain, probe, raised
 from labs.compile import programs, viz
 
 #: how much of an exception's message a probe returns
@@ -77,14 +77,17 @@ class FrameCount:
 
 @contextlib.contextmanager
 def fresh_compiler(functorch: bool = False):
-    """Run the body with Dynamo's caches empty and the config modules (Dynamo's, Inductor's, and
-    with ``functorch`` AOTAutograd's, which steers min-cut) at their defaults, and without
-    warnings or log records below ERROR; the caches are emptied again on the way out (what the
+    """Run the body with Dynamo's caches empty, the config modules (Dynamo's, Inductor's, and
+    with ``functorch`` AOTAutograd's, which steers min-cut) at their defaults, the compiler
+    caches where the kernel was started with them
+    (:func:`grader.checks.compiler_caches_as_started`), and without warnings or log records
+    below ERROR; the caches are emptied again on the way out (what the
     body compiled is not left to the notebook), and the notebook's config is given back.
     (torch/utils/_config_module.py: ConfigModule.patch.)"""
     torch._dynamo.reset()
     with contextlib.ExitStack() as stack:
         stack.enter_context(viz.dynamo_quiet())
+        stack.enter_context(compiler_caches_as_started())
         modules = [torch._dynamo.config, inductor_config] + [functorch_config] * functorch
         for module in modules:
             if diff := config_changes(module):

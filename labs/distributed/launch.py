@@ -49,7 +49,8 @@ import traceback
 import warnings
 from pathlib import Path
 
-from grader.checks import AnswerError, CheckFailure, explain, learner_line, out_of_memory
+from grader.checks import (AnswerError, CheckFailure, explain, learner_line, out_of_memory,
+                           started_environ)
 
 #: seconds the other ranks get to report their own errors after the first one fails
 GRACE = 1.0
@@ -386,13 +387,8 @@ def started_network_env() -> dict[str, str | None]:
     """:data:`NETWORK_ENV` as this process was started with (``/proc/self/environ``: what its
     parent gave it, whatever ``os.environ`` says since), None for those it was not given; where
     there is no ``/proc``, as ``os.environ`` has them."""
-    try:
-        raw = Path("/proc/self/environ").read_bytes()
-    except OSError:
-        return {name: os.environ.get(name) for name in NETWORK_ENV}
-    started = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    return {name: (v.decode(errors="replace") if (v := started.get(name.encode())) is not None
-                   else None) for name in NETWORK_ENV}
+    started = started_environ()
+    return {name: started.get(name) for name in NETWORK_ENV}
 
 
 def _rank_main(rank, world_size, folder, backend, timeout, fn, args, conn, network) -> None:

@@ -15,7 +15,7 @@ import io
 import warnings
 
 from grader.checks import probe
-from grader.checks import config_changes, plain, raised
+from grader.checks import compiler_caches_as_started, config_changes, plain, raised
 
 #: how much of an exception's message a probe returns
 _TEXT = 8000
@@ -674,7 +674,8 @@ def aoti_runs(package_aoti, widths: list, state: dict, example, xs: list) -> dic
         # Inductor's own configuration, whatever the notebook set (a compiler of another
         # machine in cpp.cxx), with the exercise's one setting
         config = {**config_changes(inductor_config), "aot_inductor.check_lowerbound": False}
-        with quiet(*_COMPILERS), inductor_config.patch(config), _batch_ranges(out["ranges"]):
+        with quiet(*_COMPILERS), inductor_config.patch(config), compiler_caches_as_started(), \
+                _batch_ranges(out["ranges"]):
             got = package_aoti(model, example.clone(), path)
         is_path = isinstance(got, (str, os.PathLike))
         got_path = os.fspath(got) if is_path else None

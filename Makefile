@@ -23,12 +23,20 @@ TORCH_PIP_ARGS ?=
 
 .PHONY: grade test seeds lab release venv clean gpu-check bench other-torch
 
+# The stamp holds pyproject.toml's checksum and this checkout's folder: a pyproject.toml only
+# newer (a fresh clone, a checkout) installs nothing again; another folder installs this one.
+INSTALLED = $$(cksum < pyproject.toml) $(CURDIR)
+
 $(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0 $(TORCH_PIP_ARGS)
-	$(PY) -m pip install --quiet -e .
-	touch $(STAMP)
+	@if [ -f $(STAMP) ] && [ "$$(cat $(STAMP))" = "$(INSTALLED)" ]; then \
+		echo "$(VENV) has the course installed from here, as pyproject.toml asks"; \
+		touch $(STAMP); exit 0; fi; \
+	set -ex; \
+	test -x $(PY) || $(PYTHON) -m venv $(VENV); \
+	$(PY) -m pip install --quiet --upgrade pip; \
+	$(PY) -m pip install --quiet torch==2.13.0 $(TORCH_PIP_ARGS); \
+	$(PY) -m pip install --quiet -e .; \
+	echo "$(INSTALLED)" > $(STAMP)
 
 venv: $(STAMP)
 

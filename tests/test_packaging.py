@@ -96,6 +96,23 @@ def test_make_grade_passes_out_jobs_and_grade_args_when_given():
                     "--seed", "1", "--force"]
 
 
+def test_an_environment_installed_from_this_checkout_is_not_installed_again(tmp_path):
+    """A fresh clone (or a checkout) makes pyproject.toml newer than the stamp: when its
+    content and the checkout's folder are those the stamp records, nothing is installed."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "VENV")}
+    checksum = subprocess.run("cksum < pyproject.toml", shell=True, cwd=ROOT,
+                              capture_output=True, text=True, check=True).stdout.strip()
+    venv = tmp_path / "env"
+    venv.mkdir()
+    (venv / ".installed").write_text(f"{checksum} {ROOT}\n")
+    os.utime(venv / ".installed", (0, 0))  # older than pyproject.toml
+    run = subprocess.run(["make", "-C", str(ROOT), f"VENV={venv}", "venv"],
+                         capture_output=True, text=True, env=clean)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "has the course installed from here" in run.stdout and "pip" not in run.stdout
+    assert (venv / ".installed").stat().st_mtime > 0  # (touched: up to date for make)
+
+
 def test_make_creates_the_environment_with_the_chosen_python(tmp_path):
     clean = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "PYTHON")}
     for extra, python in (([], "python3"), (["PYTHON=python3.12"], "python3.12")):

@@ -294,7 +294,7 @@ def _results_by_lab(folder: Path) -> dict:
         except (OSError, ValueError, KeyError, TypeError):
             continue  # not a result
         if result.lab in found:
-            raise GraderError(f"{folder}: two results of lab {result.lab}; time a folder that "
+            raise GraderError(f"{folder}: two results of lab {result.lab}; give a folder that "
                               "holds one grading of each lab (e.g. of solutions/)")
         found[result.lab] = result
     if not found:
@@ -451,9 +451,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     compare = sub.add_parser("compare", help="the exercises whose status or points differ "
                              "between two gradings of the same notebooks (e.g. under two torch "
-                             "releases: make other-torch); exit 1 when any does")
-    compare.add_argument("dir_a", type=Path, metavar="DIR_A", help="the --out folder of one")
-    compare.add_argument("dir_b", type=Path, metavar="DIR_B", help="the --out folder of the other")
+                             "releases: make other-torch); exit 1 when any does",
+                             description="Put two gradings of the same notebooks side by side "
+                             "(each the --out folder of grader grade, holding one result per "
+                             "lab, e.g. of solutions/) and list every exercise whose status or "
+                             "points differ, with the first line of the message of the side "
+                             "that did worse; exit 0 when none does, 1 when some do.")
+    compare.add_argument("dir_a", type=Path, metavar="DIR_A",
+                         help="the --out folder of one grading")
+    compare.add_argument("dir_b", type=Path, metavar="DIR_B",
+                         help="the --out folder of the other grading")
     compare.set_defaults(func=cmd_compare)
 
     dist = sub.add_parser("dist", help="write a copy of the course for a class: a learner's "

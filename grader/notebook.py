@@ -18,10 +18,12 @@ The notebook's ``metadata["course"]["lab"]`` names its lab; the papermill ``para
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import nbformat
 from nbformat import NotebookNode
+from nbformat.warnings import DuplicateCellId
 
 from grader.errors import GraderError
 
@@ -42,6 +44,19 @@ def kernelspec(torch_version: str) -> dict[str, str]:
             "language": "python", "name": "python3"}
 
 
+def _keep_duplicate_ids(nb: NotebookNode, text: str) -> None:
+    """Give back the ids nbformat renamed because two cells shared them (JupyterLab's copy and
+    paste keeps a cell's id; nbformat keeps the first and renames the others): which copy is the
+    learner's is assembly's to decide (``grader.judge.assemble``), not the order of the cells."""
+    cells = json.loads(text).get("cells")
+    if not isinstance(cells, list) or len(cells) != len(nb.cells):
+        return
+    ids = [c.get("id") if isinstance(c, dict) else None for c in cells]
+    for cell, original in zip(nb.cells, ids):
+        if isinstance(original, str) and ids.count(original) > 1:
+            cell.id = original
+
+
 def read(path: str | Path) -> NotebookNode:
     """Read a notebook as nbformat 4 (upgrading older minor versions, adding missing cell ids),
     tolerating what editors add: a UTF-8 byte-order mark before the JSON, and Windows line
@@ -58,7 +73,10 @@ def read(path: str | Path) -> NotebookNode:
                           "Cells) and save it again")
     try:
         text = Path(path).read_bytes().decode("utf-8-sig")  # (the BOM Windows editors write)
-        nb = nbformat.reads(text, as_version=4)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DuplicateCellId)
+            nb = nbformat.reads(text, as_version=4)
+        _keep_duplicate_ids(nb, text)
     except Exception as exc:  # JSON errors, schema errors, missing files: all "unreadable"
         if "Unsupported nbformat version" in str(exc):
             version = str(exc).rsplit(" ", 1)[-1]

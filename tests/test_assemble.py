@@ -159,6 +159,27 @@ def test_a_duplicated_release_cell_edited_above_its_original_is_the_learner_s():
     assert [c.id for c in built.edited] == ["outro"]
 
 
+def test_a_duplicated_cell_read_from_a_file_keeps_its_id_for_assembly(tmp_path):
+    """nbformat renames the later of two cells that share an id (JupyterLab's copy and paste
+    keeps it): read() gives it back, so that the edited copy above the original is the
+    learner's, as in memory, and nothing is reported as edited."""
+    import json
+
+    sub = json.loads(notebook.dumps(_submission()))
+    outro = next(i for i, c in enumerate(sub["cells"]) if c["id"] == "outro")
+    copy_ = copy.deepcopy(sub["cells"][outro])
+    copy_["source"] = "def helper():\n    return 42"
+    sub["cells"].insert(outro, copy_)
+    path = tmp_path / "90_toy.ipynb"
+    path.write_text(json.dumps(sub))
+    read = notebook.read(path)
+    assert [c.id for c in read.cells].count("outro") == 2
+    built = _run(read)
+    sources = [c.source for c in built.nb.cells]
+    assert "def helper():\n    return 42" in sources and 'print("done")' in sources
+    assert built.edited == [] and len(set(_ids(built.nb))) == len(built.nb.cells)
+
+
 def test_skipped_exercises_neither_run_their_answers_nor_get_a_grade_cell():
     built = _run(_submission(), skipped={"toy.gpu": "needs cuda"})
     assert "grade-toy-gpu" not in _ids(built.nb) and "gpu-answer" not in _ids(built.nb)

@@ -98,7 +98,7 @@ def test_progress_is_one_display_that_each_check_updates(main, shown):
     first, kw = shown[0]
     assert kw["display_id"] == "course-progress-toy" and "update" not in kw
     assert ("0 of 2 exercises pass their public checks, worth 0 of 3 points (the grader also "
-            "runs hidden checks); 1 more, worth 1 points, need what this machine lacks (a GPU)"
+            "runs hidden checks); 1 more, worth 1 points, needs what this machine lacks (a GPU)"
             in first["text/plain"])
     main(add=lambda a, b: a + b, mul=lambda a, b: a + b)
     check("toy.add")
@@ -140,6 +140,8 @@ def test_check_refuses_a_definition_that_the_last_run_of_its_cell_did_not_make()
     right = "def add(a, b):\n    return a + b\n"
     out = _kernel_outputs([
         "from grader.kernel.selfcheck import check",
+        "def add(a, b):\n    return a - b\n      x = 1\n",  # never defined yet: not "earlier"
+        'check("toy.add")',
         right,
         "def add(a, b):\n    return a - b\n      x = 1\n",  # an IndentationError: add unchanged
         'check("toy.add")',
@@ -152,6 +154,8 @@ def test_check_refuses_a_definition_that_the_last_run_of_its_cell_did_not_make()
         "print('another cell fails')\n1 / 0",  # a cell that does not define add
         'check("toy.add")',
     ])
+    assert out[2].startswith("✗ toy.add: error — `add` is not defined"), out[2]
+    out = out[:1] + out[3:]  # (the rest as if those two cells were not there)
     assert out[3].startswith("✗ toy.add: error — the last run of the answer cell of toy.add "
                              "raised IndentationError: unexpected indent"), out[3]
     assert "`add` is still what an earlier run defined: it is not checked" in out[3]

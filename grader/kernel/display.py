@@ -142,8 +142,10 @@ def progress(title: str, rows: Sequence[tuple[str, str, str, float, float]]) -> 
     summary = (f"{title}: {len(done)} of {len(here)} exercises pass their public checks, worth "
                f"{got:g} of {most:g} points (the grader also runs hidden checks)")
     if elsewhere := [r for r in rows if r[2] == "skipped"]:
+        one = len(elsewhere) == 1
         summary += (f"; {len(elsewhere)} more, worth {sum(r[4] for r in elsewhere):g} points, "
-                    "need what this machine lacks (a GPU) and are graded where it is")
+                    f"{'needs' if one else 'need'} what this machine lacks (a GPU) and "
+                    f"{'is' if one else 'are'} graded where it is")
     plain = Table([(r[2], r[0], r[1], f"{r[3]:g}/{r[4]:g}") for r in rows],
                   ["status", "exercise", "title", "points"], caption=summary)
     td = "padding:2px 10px;text-align:left"

@@ -93,7 +93,7 @@ def _answer(exercise_id: str):
     lab = load_lab(exercise_id.split(".", 1)[0])
     name = lab.exercise(exercise_id).answer
     namespace = vars(sys.modules["__main__"])
-    if name in _STALE:
+    if name in _STALE and name in namespace:
         return None, (f"the last run of the answer cell of {exercise_id} raised {_STALE[name]}, "
                       f"so `{name}` is still what an earlier run defined: it is not checked. "
                       "Fix the cell and run it again.")

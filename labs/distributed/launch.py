@@ -103,10 +103,11 @@ def run(fn, world_size: int, *args, timeout: float = TIMEOUT, backend: str = "gl
     nothing else (multiprocessing's ``forkserver``, torch preloaded) instead of from this one,
     so that no lock another thread of this process holds can come along: for a process whose
     other threads run torch (the judges'), and an ``fn`` importable by name with picklable
-    ``args``. Raises :class:`RankFailure` (naming the rank) when a rank raises, exits before
-    returning, or is still running after ``timeout``; ``CheckFailure`` when a process group is
-    already initialized in this process (a ``dist.init_process_group`` outside a rank, which
-    forked ranks would inherit; it is destroyed first). Linux and macOS (fork) only.
+    ``args``. A process group already initialized in this process (a
+    ``dist.init_process_group`` outside a rank, which forked ranks would inherit) is destroyed
+    first, with a note on stderr: wherever the notebook made it, it costs nothing. Raises
+    :class:`RankFailure` (naming the rank) when a rank raises, exits before returning, or is
+    still running after ``timeout``. Linux and macOS (fork) only.
     """
     with _ONE_WORLD:
         return _run(fn, world_size, args, timeout, backend, echo, clean)
@@ -138,13 +139,12 @@ def _run(fn, world_size: int, args: tuple, timeout: float, backend: str, echo: b
 
     timeout = allowed(timeout)
 
-    if dist.is_initialized():
+    if dist.is_initialized():  # (ranks forked from it would inherit it: it goes first)
         dist.destroy_process_group()
-        raise CheckFailure(
-            "a process group was initialized in the notebook's own process (a "
-            "dist.init_process_group call outside a rank) and never destroyed; every rank "
-            "started from it would inherit it. It has been destroyed now: initialize process "
-            "groups only inside the function the ranks run.")
+        print("note: a process group was initialized in the notebook's own process (a "
+              "dist.init_process_group call outside a rank) and never destroyed; it has been "
+              "destroyed before starting the ranks. Initialize process groups only inside the "
+              "function the ranks run.", file=sys.stderr)
     if "torch.distributed.tensor" in sys.modules:  # DTensor's first op imports Dynamo (~1.5 s):
         import torch._dynamo  # noqa: F401  (once here, not once in every rank)
     for attempt in range(1 + RENDEZVOUS_RETRIES):

@@ -1,7 +1,7 @@
 """labs/distributed/launch.py: ``run`` returns what each rank returned, by rank; a rank that
 raises, exits, is killed or hangs is reported by rank with what it did and where (the root cause,
 not the peer that lost its connection to it); the stub's NotImplementedError comes back as such;
-a process group left initialized in the calling process is refused and destroyed; and whatever
+a process group left initialized in the calling process is destroyed, costing nothing; and whatever
 happens, no rank, no process a rank started and no temporary folder outlives the call. Each run
 forks real ranks on gloo (about 0.1 s); timeouts are short."""
 import inspect

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import pickle
 import sys
 import traceback
@@ -279,8 +280,6 @@ def _no_function_modes(torch):
 def started_environ() -> dict[str, str]:
     """The environment this process was started with (``/proc/self/environ``: what its parent
     gave it, whatever ``os.environ`` says since); where there is no ``/proc``, ``os.environ``."""
-    import os
-
     try:
         raw = Path("/proc/self/environ").read_bytes()
     except OSError:
@@ -296,8 +295,6 @@ def compiler_caches_as_started():
     since (a Colab Drive path, a folder that cannot be made): what a check compiles stays in
     the grader's folders (the run's own, in a grading kernel). The notebook's settings are back
     afterwards. (torch/_inductor/runtime/cache_dir_utils.py: cache_dir, temporary_cache_dir.)"""
-    import os
-
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir, temporary_cache_dir
 
     started = started_environ()
@@ -315,8 +312,6 @@ def compiler_caches_as_started():
 
 def _set_env(name: str, value: str | None) -> None:
     """``os.environ[name] = value``, or no ``name`` when value is None."""
-    import os
-
     if value is None:
         os.environ.pop(name, None)
     else:

@@ -10,7 +10,8 @@ agree, and must come from the guards: during the learner's call Dynamo may compi
 frame (counted by :class:`~labs.compile.probes.FrameCount`, which neither ``reset`` nor clearing
 Dynamo's counters touches), so calling the compiled function on ``new_args`` to see what happens
 is refused, and so is asking Dynamo under a compile stance (``torch.compiler.set_stance``:
-``models`` in lab.toml). When an answer is wrong, the message quotes the guard that fails (``GuardManager.check_verbose``).
+``models`` in lab.toml). When an answer is wrong, the message quotes the guard that fails
+(``GuardManager.check_verbose``).
 Public: ``programs.scaled_sum`` with seven changes (batch size, dtype, requires_grad, a
 transposed input, a new int, new values, a bool flip) and two that do not recompile; hidden:
 seeded random functions and changes (dims, dtype, int/float/bool constants, the length of a

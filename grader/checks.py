@@ -24,8 +24,10 @@ Each check runs under a forked global torch RNG seeded with the run's seed (when
 loaded), so what it draws (``gradcheck``, ``nn.Linear`` init) is reproducible and the learner's
 RNG state is left as it was; and under torch's default global state (:func:`torch_defaults`:
 grad mode on, default dtype float32, no mode left active...), whatever the notebook set, which
-is given back afterwards. When a check fails and the notebook had changed that state, the
-message says which (:func:`state_changes`).
+is given back afterwards. When a check fails and the notebook had changed that state, an
+environment variable that steers torch or an entry of its config modules, the message says
+which (:meth:`Answer.settings`: :func:`grader.kernel.probe.settings_changes` where the answer
+lives, the kernel when grading).
 """
 from __future__ import annotations
 
@@ -359,6 +361,17 @@ class Answer:
         """The encoded reply of :func:`grader.kernel.probe.call` for this call."""
         raise NotImplementedError
 
+    def settings(self) -> list[str]:
+        """How the settings where the answer lives differ from torch's defaults and from the
+        environment its process started with, in words
+        (:func:`grader.kernel.probe.settings_changes`); empty when they do not, or cannot be
+        read (at most 8 entries of 200 characters)."""
+        try:
+            found = self._reply(_probe.SETTINGS, (), {})
+        except (CheckFailure, AnswerError, AnswerRaised, AnswerMissing):
+            return []
+        return [str(s)[:200] for s in found[:8]] if type(found) is list else []
+
     def _reply(self, probe_name: str | None, args: tuple, kwargs: dict) -> Any:
         if why := _probe.plain((list(args), kwargs), "the probe's inputs"):
             raise TypeError(f"a check passed data that is not plain to the answer: {why}")
@@ -426,13 +439,15 @@ def run_checks(exercise_id: str, answer: Any, *, seed: int = 0, device: str = "c
     checks = checks_for(exercise_id, hidden=True)
     if not isinstance(answer, Answer):
         answer = LocalAnswer(answer, exercise_id, seed)
-    changed = state_changes()
     with torch_defaults():
         v = _run(exercise_id, checks, answer, seed, device, hidden)
-    if changed and v.status != "passed":
-        note = (f" Note: your notebook had changed torch's global state ({'; '.join(changed)}). "
-                "The checks ran with torch's defaults, but your own cells ran under your "
-                "settings: undo them (or use a `with` block) if your answer depends on them.")
+    if v.status != "passed" and (changed := answer.settings()):
+        listed = "; ".join(changed)
+        listed = listed if len(listed) <= 600 else listed[:597] + "..."
+        note = (f" Note: your notebook changed settings ({listed}). What the checks "
+                "run themselves ran under torch's defaults and the environment your kernel "
+                "started with, but your cells ran under these: if your answer depends on one, "
+                "undo it (or use a `with` block).")
         text = v.message[: MAX_MESSAGE_CHARS - len(note) - 3].rstrip()
         text += "..." if len(text) < len(v.message) else ""
         v = Verdict(v.exercise, v.status, text + note, v.passed, v.total, v.seed)

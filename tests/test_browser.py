@@ -2,11 +2,13 @@
 loopback port with a token) and Debian's ``chromium`` driven by Playwright's Python package
 (``executable_path``: never a browser download). The released lab 1 notebook is opened, run
 top to bottom, a hint is revealed, the reference answer of one exercise is typed into its answer
-cell, and that exercise's check then passes and the progress display counts it.
+cell, and that exercise's check then passes and the progress display counts it. Lab 2 then
+opens unmodified (nothing to save) on a kernel of its own, the course's.
 
 Screenshots are written to ``build/browser/`` (CI keeps them as artifacts). Skipped, with the
 reason, where ``chromium`` or Playwright is missing (``.ci/run`` installs chromium).
 """
+import json
 import os
 import re
 import secrets
@@ -142,5 +144,17 @@ def test_a_learner_runs_the_lab_reads_a_hint_and_passes_an_exercise(jupyterlab):
         top.scroll_into_view_if_needed()
         page.wait_for_timeout(300)  # (cells scrolled into view render on the next frame)
         top.screenshot(path=SHOTS / "4-progress.png")
+
+        # the next lab opens unmodified, on a kernel of its own: the course's
+        second = load_lab("autograd").release_path.name
+        page.goto(f"{url}/lab/tree/{second}?token={token}")
+        page.get_by_text(f"{display_name()} | Idle").wait_for()
+        page.wait_for_timeout(1000)  # (a metadata rewrite would mark the tab dirty by now)
+        tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text=second)
+        assert "jp-mod-dirty" not in (tab.get_attribute("class") or ""), "rewritten on open"
+        with urllib.request.urlopen(f"{url}/api/sessions?token={token}") as reply:
+            kernels = {s["path"].rsplit("/", 1)[-1]: s["kernel"] for s in json.load(reply)}
+        assert kernels[second]["name"] == "python3"
+        assert kernels[second]["id"] != kernels[lab.release_path.name]["id"]
         browser.close()
     assert time.monotonic() - start < 120

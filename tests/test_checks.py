@@ -199,10 +199,26 @@ def test_a_failure_under_a_changed_state_says_which_state_the_notebook_changed()
                                    "torch.no_grad() entered and not left)"]
         v = run_checks("toy.state-probe", _in_state(lambda x: x ** 3))
     assert v.status == "failed" and "expected a float32 9" in v.message
-    assert "your notebook had changed torch's global state (grad mode is off" in v.message
+    assert "your notebook changed settings (grad mode is off" in v.message
     assert len(v.message) <= 1200
-    assert "global state" not in run_checks("toy.state-probe",
-                                            _in_state(lambda x: x ** 3)).message
+    assert "changed settings" not in run_checks("toy.state-probe",
+                                                _in_state(lambda x: x ** 3)).message
+
+
+def test_a_failure_names_the_environment_variables_and_config_the_notebook_changed(
+        monkeypatch):
+    from torch._inductor import config as inductor_config
+
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "en0")  # left from a laptop
+    monkeypatch.setenv("COURSE_UNRELATED_VARIABLE", "1")
+    with inductor_config.patch({"cpp.cxx": ("clang++",)}):
+        v = run_checks("toy.state-probe", _in_state(lambda x: x ** 3))
+    assert v.status == "failed" and len(v.message) <= 1200
+    assert "GLOO_SOCKET_IFNAME='en0' (unset when the kernel started)" in v.message
+    assert "torch._inductor.config.cpp.cxx = ('clang++',)" in v.message
+    assert "COURSE_UNRELATED_VARIABLE" not in v.message
+    assert "changed settings" not in run_checks("toy.state-probe",
+                                                _in_state(lambda x: x ** 2)).message
 
 
 @pytest.mark.parametrize("ename, evalue, phrase", [

@@ -5,7 +5,8 @@ import tempfile
 import pytest
 from matplotlib.figure import Figure
 
-from grader.kernel.display import figure_html, figure_png, strip_paths, table, verdict
+from grader.kernel.display import (figure_html, figure_png, show_cached, strip_paths, table,
+                                   verdict)
 
 
 def test_paths_lose_their_install_temp_and_build_prefixes():
@@ -46,3 +47,29 @@ def test_a_figure_becomes_png_and_an_inline_image():
     fig.add_subplot().plot([0, 1])
     assert figure_png(fig).startswith(b"\x89PNG")
     assert figure_html(fig).startswith('<img src="data:image/png;base64,iVBOR')
+
+
+def test_an_explorer_shows_a_busy_sign_and_disables_its_controls_while_it_computes():
+    import ipywidgets as widgets
+
+    picture, cache, slider = widgets.HTML("<img>old</img>"), {}, widgets.IntSlider()
+    seen = []
+
+    def render():
+        seen.append((picture.value, slider.disabled))
+        return "<p>step 2</p>"
+
+    show_cached(picture, cache, 2, render, "drawing step <2>", [slider])
+    assert seen == [('<p style="color:#555;margin:2px 0">⏳ <i>drawing step &lt;2&gt;…</i></p>'
+                     "<img>old</img>", True)]
+    assert (picture.value, slider.disabled) == ("<p>step 2</p>", False)
+    assert cache == {2: "<p>step 2</p>"}
+    show_cached(picture, cache, 2, render, "drawing step 2", [slider])
+    assert len(seen) == 1  # cached: drawn once
+
+    def fails():
+        raise RuntimeError("the learner's function failed")
+
+    with pytest.raises(RuntimeError):
+        show_cached(picture, cache, 3, fails, "drawing step 3", [slider])
+    assert slider.disabled is False and 3 not in cache

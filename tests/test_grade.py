@@ -113,6 +113,16 @@ def test_a_wrong_answer_fails_with_the_input_that_shows_it(tmp_path):
     assert ex["toy.mul"].status == "passed"
 
 
+def test_a_failure_names_the_settings_the_notebook_changed_in_its_kernel(tmp_path):
+    wrong = ("import os\nimport torch\nos.environ['GLOO_SOCKET_IFNAME'] = 'en0'\n"
+             "torch.set_grad_enabled(False)\n\n\ndef add(a, b):\n    return a - b")
+    ex, _ = grade(submit(tmp_path, add=wrong, mul=MUL))
+    assert ex["toy.add"].status == "failed", ex["toy.add"].message
+    assert "GLOO_SOCKET_IFNAME='en0' (unset when the kernel started)" in ex["toy.add"].message
+    assert "grad mode is off" in ex["toy.add"].message
+    assert ex["toy.mul"].status == "passed" and "Note" not in ex["toy.mul"].message
+
+
 def test_an_answer_cell_that_raises_costs_only_its_exercise(tmp_path):
     ex, _ = grade(submit(tmp_path, add="import nonexistent_module\n" + ADD, mul=MUL))
     assert ex["toy.add"].status == "error"

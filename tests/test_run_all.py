@@ -8,6 +8,7 @@ The kernel is started as the grader starts one (``grader.judge.sandbox.kernel_en
 home, the lab's warm Inductor cache), in a folder of its own."""
 import copy
 
+import nbformat
 import pytest
 from nbclient import NotebookClient
 
@@ -23,9 +24,15 @@ LABS = [lab for lab in lab_ids() if load_lab(lab).root == ROOT]
 HEAVY = "export"
 
 
+#: run after the notebook: the course's own cells leave no setting a failing check would name
+SETTINGS_UNCHANGED = ("from grader.kernel.probe import settings_changes\n"
+                      "assert not settings_changes(), settings_changes()")
+
+
 def run_all(path, tmp_path, lab, passes: int) -> list[tuple]:
     """Every code cell of the notebook at ``path`` in order, ``passes`` times over, in one
-    kernel. Returns the errors: ``(pass, cell id, exception name, first line of its value)``."""
+    kernel, then :data:`SETTINGS_UNCHANGED`. Returns the errors: ``(pass, cell id, exception
+    name, first line of its value)``."""
     home, work = tmp_path / "home", tmp_path / "work"
     (home / "probe").mkdir(parents=True)
     work.mkdir()
@@ -43,6 +50,10 @@ def run_all(path, tmp_path, lab, passes: int) -> list[tuple]:
                 client.execute_cell(cell, index)
                 errors += [(n, cell.id, o.get("ename"), str(o.get("evalue", "")).split("\n")[0])
                            for o in cell.outputs if o.get("output_type") == "error"]
+        nb.cells.append(last := nbformat.v4.new_code_cell(SETTINGS_UNCHANGED))
+        client.execute_cell(last, len(nb.cells) - 1)
+        errors += [(passes, last.id, o.get("ename"), o.get("evalue")) for o in last.outputs
+                   if o.get("output_type") == "error"]
     return errors
 
 

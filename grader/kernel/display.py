@@ -16,7 +16,7 @@ import os
 import re
 import sys
 import tempfile
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import grader
 
@@ -182,6 +182,27 @@ def figure_html(fig) -> str:
 
     data = base64.b64encode(figure_png(fig)).decode("ascii")
     return f'<img src="data:image/png;base64,{data}" style="max-width:100%">'
+
+
+def show_cached(picture, cache: dict, key: Any, render: Callable[[], str], working: str,
+                controls: Sequence = ()) -> None:
+    """Show ``cache[key]`` in ``picture`` (an ``ipywidgets.HTML``), first computing it with
+    ``render()`` (HTML) when ``key`` is not cached. While it computes, the picture shows a busy
+    sign (⏳ and ``working``, e.g. "explaining f with torch._dynamo.explain") above the last
+    picture, and ``controls`` (the explorer's widgets) are disabled, so a learner sees that the
+    kernel is busy and queues no more work meanwhile; they are enabled again afterwards, also
+    when ``render`` raises (which is passed on)."""
+    if key not in cache:
+        picture.value = (f'<p style="color:#555;margin:2px 0">⏳ <i>{html.escape(working)}'
+                         f'…</i></p>{picture.value}')
+        for control in controls:
+            control.disabled = True
+        try:
+            cache[key] = render()
+        finally:
+            for control in controls:
+                control.disabled = False
+    picture.value = cache[key]
 
 
 def _register_figure_formatter() -> None:

@@ -341,6 +341,56 @@ def config_changes(module) -> dict[str, Any]:
     return {k: defaults[k] for k in now if k in defaults and now[k] != defaults[k]}
 
 
+#: environment variables that steer torch's compilers, caches, logs, devices and process groups
+#: (a name, or a prefix ending in "_"): those :func:`settings_changes` reports
+SETTING_VARS = ("GLOO_", "NCCL_", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
+                "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHINDUCTOR_", "TORCHDYNAMO_", "TRITON_",
+                "TORCH_LOGS", "TORCH_COMPILE_DEBUG", "PYTORCH_", "CUDA_VISIBLE_DEVICES",
+                "CUDA_LAUNCH_BLOCKING", "OMP_NUM_THREADS")
+#: the config modules :func:`settings_changes` compares with their defaults (once imported)
+SETTING_CONFIGS = ("torch._dynamo.config", "torch._inductor.config", "torch._functorch.config")
+#: the name under which :func:`call` answers with :func:`settings_changes` (no probe runs)
+SETTINGS = "grader:settings"
+
+
+def settings_changes() -> list[str]:
+    """How this process's settings differ from torch's defaults and from the environment it was
+    started with, in words, one entry each: torch's global state (:func:`state_changes`), the
+    environment variables of :data:`SETTING_VARS` set, changed or removed since (``"GLOO_SOCKET_
+    IFNAME='en0' (unset when the kernel started)"``; Inductor's cache folder set to its default
+    is torch's own doing, not reported), and the entries of :data:`SETTING_CONFIGS` that differ
+    from their defaults (:func:`config_changes`: ``"torch._inductor.config.cpp.cxx =
+    'clang++'"``). Empty when nothing differs."""
+    found = state_changes()
+    started, now = started_environ(), dict(os.environ)
+    for name in sorted(set(started) | set(now)):
+        was, value = started.get(name), now.get(name)
+        if was == value or not any(name == v or v.endswith("_") and name.startswith(v)
+                                   for v in SETTING_VARS):
+            continue
+        if name == "TORCHINDUCTOR_CACHE_DIR" and was is None and value == _inductor_default():
+            continue
+        then = "unset" if was is None else f"{_short(was)}"
+        found.append(f"{name} unset (it was {then} when the kernel started)" if value is None
+                     else f"{name}={_short(value)} ({then} when the kernel started)")
+    for label in SETTING_CONFIGS:
+        if (module := sys.modules.get(label)) is not None:
+            values = module.get_config_copy()
+            found += [f"{label}.{key} = {_short(values[key])}"
+                      for key in sorted(config_changes(module))]
+    return found
+
+
+def _inductor_default() -> str | None:
+    module = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
+    return module.default_cache_dir() if module is not None else None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 @contextlib.contextmanager
 def torch_defaults():
     """Run the body under torch's default global state, whatever the notebook set before:
@@ -405,7 +455,9 @@ def call(answer: Any, probe_name: str | None, args: tuple, kwargs: dict, seed: i
     record}`` (:func:`raised`), ``{"unplain": why}`` (the value was not plain data) or
     ``{"modelled": record}`` (the answer ran the modelled mechanism, whatever it returned).
     Never raises for what the answer does (``KeyboardInterrupt``, the grader's time limit, is
-    passed on)."""
+    passed on). For ``probe_name`` :data:`SETTINGS`, the reply is :func:`settings_changes`."""
+    if probe_name == SETTINGS:
+        return encode({"value": settings_changes()})
     seen: dict = {"ran": None}
     if (record := answered_by(answer, models)) is not None:
         return encode({"modelled": record})

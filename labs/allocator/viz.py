@@ -26,7 +26,7 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
 import grader.kernel.display  # noqa: F401  (registers the PNG formatter for figures)
-from grader.kernel.display import figure_html, table
+from grader.kernel.display import figure_html, show_cached, table
 from labs.allocator.gpu import DeviceOutOfMemory, SimulatedGPU
 from labs.allocator.snapshots import ALLOCATED, PENDING_FREE, MiB, stats_from_segments
 from labs.allocator.snapshots import format_bytes as fmt
@@ -248,21 +248,29 @@ def explore_trace(steps: list[Step]):
     ``traces.recorded(name).steps`` or :func:`record`), showing for the chosen step the op
     ("Step k of n: ..."), the cudaMalloc and cudaFree calls it made (or "out of memory" when its
     malloc raised), the statistics of :data:`STATS` in MiB and :func:`segments_figure` of the
-    segments after it. Returns an ``ipywidgets.VBox``: ``children[0]`` is the ``IntSlider`` (1
-    to the number of steps), ``children[1]`` the ``ipywidgets.HTML`` shown. Raises ValueError
-    for no steps."""
+    segments after it, drawn when the slider is let go (under a busy sign the first time:
+    :func:`grader.kernel.display.show_cached`). Returns an ``ipywidgets.VBox``:
+    ``children[0]`` is the ``IntSlider`` (1 to the number of steps), ``children[1]`` the
+    ``ipywidgets.HTML`` shown. Raises ValueError for no steps."""
     import ipywidgets as widgets
 
     if not steps:
         raise ValueError("an empty trace has no steps to explore")
-    slider = widgets.IntSlider(value=1, min=1, max=len(steps), description="step")
+    slider = widgets.IntSlider(
+        value=1, min=1, max=len(steps), description="step", continuous_update=False
+    )  # (drawn when let go, not per tick)
     picture, cache = widgets.HTML(), {}
 
     def show(change=None):
         i = slider.value
-        if i not in cache:
-            cache[i] = _step_html(steps[i - 1], len(steps))
-        picture.value = cache[i]
+        show_cached(
+            picture,
+            cache,
+            i,
+            lambda: _step_html(steps[i - 1], len(steps)),
+            f"drawing step {i}",
+            [slider],
+        )
 
     slider.observe(show, names="value")
     show()

@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from torch import nn
 
 import grader.kernel.display  # noqa: F401  (registers the PNG formatter for figures)
-from grader.kernel.display import figure_html
+from grader.kernel.display import figure_html, show_cached
 
 #: ``Node::sequence_nr()`` of every ``AccumulateGrad`` node (its constructor passes UINT64_MAX)
 ACCUMULATE_GRAD_SEQ = 2**64 - 1
@@ -376,23 +376,30 @@ def _state(node, step: Step) -> str:
 def ready_queue_explorer(output: torch.Tensor, *, leaves: dict | None = None):
     """An explorer: a slider (and a play button) over the steps of ``output``'s backward
     (:func:`backward_steps`), showing :func:`ready_queue_figure` for the chosen step in an
-    ``ipywidgets.HTML``. The slider runs from 1 to the number of steps, and its value is the
-    picture's "step k of n". Returns an ``ipywidgets.VBox``; its ``children[1].value`` is the
-    HTML shown. ``leaves`` names leaves as in :func:`ready_queue_figure`."""
+    ``ipywidgets.HTML``, drawn when the slider is let go (under a busy sign the first time:
+    :func:`grader.kernel.display.show_cached`). The slider runs from 1 to the number of
+    steps, and its value is the picture's "step k of n". Returns an ``ipywidgets.VBox``; its
+    ``children[1].value`` is the HTML shown. ``leaves`` names leaves as in
+    :func:`ready_queue_figure`."""
     import ipywidgets as widgets
 
     steps = backward_steps(output)
-    slider = widgets.IntSlider(value=1, min=1, max=len(steps), description="step")
+    slider = widgets.IntSlider(
+        value=1, min=1, max=len(steps), description="step", continuous_update=False
+    )  # (drawn when let go, not per tick)
     play = widgets.Play(value=1, min=1, max=len(steps), interval=1200)
     widgets.jslink((play, "value"), (slider, "value"))
     picture, cache = widgets.HTML(), {}
 
     def show(change=None):
         i = slider.value
-        if i not in cache:
-            fig = ready_queue_figure(output, i, leaves=leaves, steps=steps)
-            cache[i] = figure_html(fig)
-        picture.value = cache[i]
+        show_cached(
+            picture,
+            cache,
+            i,
+            lambda: figure_html(ready_queue_figure(output, i, leaves=leaves, steps=steps)),
+            f"drawing step {i}",
+        )
 
     slider.observe(show, names="value")
     show()

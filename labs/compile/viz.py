@@ -43,7 +43,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 import grader.kernel.display  # noqa: F401  (registers the PNG formatter for figures)
-from grader.kernel.display import strip_paths, table
+from grader.kernel.display import show_cached, strip_paths, table
 
 #: fill colour of an FX node's box, by ``node.op`` (the six opcodes of ``torch/fx/node.py``)
 OP_COLOURS = {
@@ -663,7 +663,9 @@ def break_explorer(programs: dict[str, tuple[Callable, tuple]]):
     HTML text (:func:`break_map_html`, what :func:`graph_break_map` draws, with the code at
     :data:`CODE_PX` pixels: a picture would be scaled down to the output's width). Each
     function is explained the first time it is chosen and the result cached, so each runs
-    once; an exception from ``fn`` is shown instead of a map.
+    once, under a busy sign with the dropdown disabled
+    (:func:`grader.kernel.display.show_cached`); an exception from ``fn`` is shown instead of
+    a map.
     Returns an ``ipywidgets.VBox``: ``children[0]`` is the ``Dropdown``, ``children[1]`` the
     ``ipywidgets.HTML`` shown. Raises ValueError for an empty dict."""
     import ipywidgets as widgets
@@ -688,9 +690,14 @@ def break_explorer(programs: dict[str, tuple[Callable, tuple]]):
 
     def show(change=None):
         name = choice.value
-        if name not in cache:
-            cache[name] = render(name)
-        picture.value = cache[name]
+        show_cached(
+            picture,
+            cache,
+            name,
+            lambda: render(name),
+            f"explaining {name} with torch._dynamo.explain (a few seconds)",
+            [choice],
+        )
 
     choice.observe(show, names="value")
     show()

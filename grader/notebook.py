@@ -92,7 +92,8 @@ def read(path: str | Path) -> NotebookNode:
             try:
                 json.loads(text)
             except json.JSONDecodeError as bad:  # (its message quotes no content)
-                why += f": {bad.msg} at line {bad.lineno}, column {bad.colno}; {_RESAVE}"
+                said = bad.msg if bad.msg.endswith(" at") else f"{bad.msg} at"  # ("starting at")
+                why += f": {said} line {bad.lineno}, column {bad.colno}; {_RESAVE}"
             except Exception:  # noqa: BLE001  (nbformat's reasons are enough)
                 pass
         raise GraderError(f"{path}: not a readable Jupyter notebook ({why})") from exc

@@ -38,6 +38,14 @@ def test_broken_json_names_line_and_column_and_the_remedy_without_quoting_it(tmp
     assert "fix it there in a text editor" in message and "do-not-quote" not in message
 
 
+def test_a_notebook_cut_off_in_a_string_says_where_the_string_starts(tmp_path):
+    path = tmp_path / "cut.ipynb"
+    path.write_text('{"cells": [],\n "metadata": {"a": "cut off here')
+    with pytest.raises(GraderError) as info:
+        notebook.read(path)
+    assert "it is not JSON: Unterminated string starting at line 2, column 20;" in str(info.value)
+
+
 def test_an_empty_file_is_called_empty(tmp_path):
     (tmp_path / "empty.ipynb").write_text("\n")
     with pytest.raises(GraderError, match=r"not a readable Jupyter notebook \(the file is empty"):

@@ -70,6 +70,11 @@ _ONE_WORLD = threading.Lock()
 #: new worlds started when a rank fails before it has joined the process group (gloo's
 #: connectFullMesh, on a busy machine: "Connection closed by peer"); its output is not echoed
 RENDEZVOUS_RETRIES = 2
+#: torch.distributed's functions that create a process group, where gloo connects its ranks
+#: (``new_group``, which ``init_device_mesh`` calls): a lost peer there is a connection that
+#: failed (on a busy machine), not the answer's doing (torch/distributed/distributed_c10d.py)
+_GROUP_CREATION = frozenset({"_new_process_group_helper", "_new_group_with_tag", "new_group",
+                             "split_group", "new_subgroups", "new_subgroups_by_enumeration"})
 #: how gloo says that the rank at the other end of a connection has gone
 _LOST_PEER = re.compile(r"(Read|Write) error \[[^\]]*\]:\d+: Connection (reset|closed) by peer"
                         r"|Connection closed by peer \[[^\]]*\]:\d+")
@@ -96,7 +101,9 @@ def run(fn, world_size: int, *args, timeout: float = TIMEOUT, backend: str = "gl
     is reported with the line it waits at, not with gloo's timeout error. ``echo`` prints what
     the ranks printed, ``[rank r]`` before each line. A world in which a rank fails before it
     has joined the process group is started again (up to ``RENDEZVOUS_RETRIES`` times), as is one
-    in which a rank has not joined it :data:`JOIN` seconds (stretched) after the fork: a fork
+    in which gloo lost a connection while the ranks created a new group (``new_group``,
+    ``init_device_mesh``; seen under load) and no rank failed otherwise, and one in which a
+    rank has not joined the process group :data:`JOIN` seconds (stretched) after the fork: a fork
     made while another thread of this process held a lock inside torch (its thread pools, MKL)
     leaves the rank waiting on that lock forever, before it has run anything of the answer
     (seen under load). With ``clean``, the ranks are forked from a server process that runs
@@ -162,8 +169,7 @@ def _run(fn, world_size: int, args: tuple, timeout: float, backend: str, echo: b
             failed = [r for r in ranks if r.failure]
             # gloo could not connect the ranks (seen on a machine busy with other work): not
             # the answer's doing, as no rank had joined to run it; start a new world instead
-            again = attempt < RENDEZVOUS_RETRIES and any(r.failure.get("rendezvous")
-                                                         for r in failed)
+            again = attempt < RENDEZVOUS_RETRIES and _unconnected(failed)
             if failed and not again:
                 raise _failure(failed, timeout)
             if not failed:
@@ -176,6 +182,16 @@ def _run(fn, world_size: int, args: tuple, timeout: float, backend: str, echo: b
             if echo and not again:
                 print(echoed([r.output() for r in ranks]), end="")
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _unconnected(failed: list[_Rank]) -> bool:
+    """Whether the ranks ``failed`` for want of a connection, not for what the answer did: one
+    failed before it joined the process group, or one lost a peer while gloo connected a new
+    group and each other failed rank lost a peer too or was stopped after it (hung)."""
+    if any(r.failure.get("rendezvous") for r in failed):
+        return True
+    return any(r.failure.get("connecting") for r in failed) and all(
+        r.failure.get("lost_peer") or r.failure.get("what") == "hung" for r in failed)
 
 
 class _Rank:
@@ -473,5 +489,8 @@ def _describe(exc: BaseException) -> dict:
     what += "".join(f" ({note})" for note in getattr(exc, "__notes__", []))
     if not lost_peer:  # (into the rank's log; a lost peer's traceback only repeats the cause's)
         traceback.print_exception(exc)
+    connecting = lost_peer and any(
+        f.name in _GROUP_CREATION and "torch/distributed/" in f.filename.replace(os.sep, "/")
+        for f in traceback.extract_tb(exc.__traceback__))
     return {"what": what, "exception": ename, "oom": out_of_memory(ename, evalue),
-            "lost_peer": lost_peer}
+            "lost_peer": lost_peer, "connecting": connecting}

@@ -40,6 +40,49 @@ def test_a_world_whose_ranks_could_not_connect_is_started_once_more(tmp_path, mo
     assert marker.exists() and "Gloo" not in capsys.readouterr().out  # (only the world that ran)
 
 
+def test_a_world_whose_new_group_could_not_connect_is_started_once_more(tmp_path,
+                                                                      monkeypatch):
+    """gloo lost a peer while the ranks created a group of their own (init_device_mesh's
+    new_group, seen on a loaded machine): the world is started again, and that one works."""
+    from torch.distributed import distributed_c10d
+
+    marker, real = tmp_path / "failed-once", distributed_c10d._new_process_group_helper
+
+    def flaky(*args, **kwargs):
+        if dist.is_initialized() and dist.get_rank() == 0 and not marker.exists():
+            marker.touch()
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+                               "[127.0.0.1]:53895")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(distributed_c10d, "_new_process_group_helper", flaky)
+    assert run(_in_a_new_group, 2, echo=False) == [0, 1]
+    assert marker.exists()
+
+
+def _in_a_new_group():
+    group = dist.new_group([0, 1])
+    dist.barrier(group=group)
+    return dist.get_rank(group)
+
+
+def test_a_lost_peer_outside_group_creation_is_the_answers_and_not_retried(tmp_path):
+    """A rank that lost its peer in a collective (the peer's own failure) is no reason to
+    start a new world: the world runs once, and the root cause is reported."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    with pytest.raises(RankFailure, match="rank 1 raised ValueError: broken"):
+        run(_fails_on_rank_1, 2, str(runs), timeout=10, echo=False)
+    assert len(list(runs.iterdir())) == 2  # (each rank once: one world)
+
+
+def _fails_on_rank_1(folder: str):
+    Path(folder, str(dist.get_rank())).touch()
+    if dist.get_rank() == 1:
+        raise ValueError("broken")
+    dist.barrier()
+
+
 def test_a_rank_that_never_joins_is_reported_after_the_retry(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("no network")

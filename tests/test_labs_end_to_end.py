@@ -1,13 +1,14 @@
 """Every lab end to end, in real kernels: the reference notebook scores full marks and runs
-without an error, and the released notebook scores zero with every exercise naming
+without an error, and (lab 5's) the released notebook scores zero with every exercise naming
 NotImplementedError (or skipped where this machine lacks what it needs), its demo cells running
 on without an error.
 
-The released notebooks are graded whole for the labs whose narrative hands the learner's answers
-to other processes or compilers (lab 5's forked ranks, lab 6's exporters): for every lab, each
-released stub is run through its checks by tests/labs/test_exercise_contract.py, and hostile
-fixtures grade stubs in kernels (tests/hostile/catalogue.py); a whole-notebook grading of the
-other four releases would cost CI about a minute for little more."""
+The released notebook is graded whole for the lab whose narrative hands the learner's answers to
+other processes (lab 5's forked ranks): for every lab, each released stub is run through its
+checks by tests/labs/test_exercise_contract.py, hostile fixtures grade stubs in kernels
+(tests/hostile/catalogue.py), and each release runs top to bottom (tests/test_run_all.py,
+tests/test_run_twice.py); a whole-notebook grading of the other releases would cost CI about 20 s
+each for little more."""
 import shutil
 
 import pytest
@@ -19,7 +20,8 @@ from grader.release import release
 from tests.conftest import ROOT
 
 LABS = [lab for lab in lab_ids() if load_lab(lab).root == ROOT]
-STUBS_GRADED_WHOLE = ["distributed", "export"]
+#: the labs whose released notebook is also graded whole (the stubs' verdicts, from real ranks)
+STUBS_GRADED_WHOLE = ["distributed"]
 
 
 def _grade(src, tmp_path):

@@ -162,3 +162,19 @@ def test_checks_compile_into_the_cache_folder_the_process_started_with(tmp_path,
         assert os.environ.get("TRITON_CACHE_DIR") == started_environ().get("TRITON_CACHE_DIR")
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == drive
     assert os.environ["TRITON_CACHE_DIR"] == drive + "/triton"
+
+
+def test_settings_changes_name_what_a_person_types_not_what_a_library_installs():
+    """A Homebrew compiler in cpp.cxx is named; a pass object (torchao installs one as
+    pre_grad_custom_pass when its quantizer is imported) is not: the learner did not set it."""
+    import torch._inductor.config as inductor_config
+
+    from grader.kernel.probe import settings_changes
+
+    def a_pass(graph):
+        return graph
+
+    with inductor_config.patch({"cpp.cxx": ("clang++",), "pre_grad_custom_pass": a_pass}):
+        found = settings_changes()
+    assert "torch._inductor.config.cpp.cxx = ('clang++',)" in found
+    assert not [f for f in found if "pre_grad_custom_pass" in f]

@@ -360,7 +360,7 @@ def settings_changes() -> list[str]:
     IFNAME='en0' (unset when the kernel started)"``; Inductor's cache folder set to its default
     is torch's own doing, not reported), and the entries of :data:`SETTING_CONFIGS` that differ
     from their defaults (:func:`config_changes`: ``"torch._inductor.config.cpp.cxx =
-    'clang++'"``). Empty when nothing differs."""
+    'clang++'"``), those a person types (:func:`_typed`). Empty when nothing differs."""
     found = state_changes()
     started, now = started_environ(), dict(os.environ)
     for name in sorted(set(started) | set(now)):
@@ -377,8 +377,17 @@ def settings_changes() -> list[str]:
         if (module := sys.modules.get(label)) is not None:
             values = module.get_config_copy()
             found += [f"{label}.{key} = {_short(values[key])}"
-                      for key in sorted(config_changes(module))]
+                      for key in sorted(config_changes(module)) if _typed(values[key])]
     return found
+
+
+def _typed(value: Any) -> bool:
+    """Whether a config value is one a person types (a flag, number, string, or a tuple or list
+    of those), not an object or dict a library installs (torchao's pre-grad pass, the metadata
+    AOTInductor records)."""
+    if type(value) in (tuple, list):
+        return all(type(v) in (bool, int, float, str) for v in value)
+    return type(value) in (type(None), bool, int, float, str)
 
 
 def _inductor_default() -> str | None:

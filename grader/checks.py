@@ -42,7 +42,7 @@ from grader.labs import modelled
 from grader.kernel.probe import (compiler_caches_as_started, config_changes, plain, probe,
                                   raised, seeded_rng, started_environ, state_changes,
                                   torch_defaults)
-from grader.results import ANSI
+from grader.results import CONTROL
 
 __all__ = ["Answer", "AnswerError", "AnswerRaised", "CheckContext", "CheckFailure", "Verdict",
            "ahead", "check", "checks_for", "compiler_caches_as_started", "config_changes",
@@ -184,7 +184,8 @@ class Verdict:
     ``status`` is ``passed`` (every check passed), ``failed`` (a check found the answer wrong),
     ``error`` (the answer raised, or is missing) or ``crashed`` (it ran out of memory).
     ``passed``/``total`` count the checks run; checks stop at the first miss, so ``passed`` is
-    how far the answer got. ``message`` is kept without terminal colour codes.
+    how far the answer got. ``message`` is kept without terminal control sequences
+    (:data:`grader.results.CONTROL`).
     """
 
     exercise: str
@@ -195,7 +196,7 @@ class Verdict:
     seed: int
 
     def __post_init__(self):
-        object.__setattr__(self, "message", ANSI.sub("", self.message))
+        object.__setattr__(self, "message", CONTROL.sub("", self.message))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -368,9 +369,11 @@ class Answer:
         read (at most 8 entries of 200 characters)."""
         try:
             found = self._reply(_probe.SETTINGS, (), {})
-        except (CheckFailure, AnswerError, AnswerRaised, AnswerMissing):
+        except ProbeLost:
+            raise  # (the kernel timed out or died: the engine reports it)
+        except Exception:  # noqa: BLE001  (whatever came back, the verdict stands without it)
             return []
-        return [str(s)[:200] for s in found[:8]] if type(found) is list else []
+        return [s[:200] for s in found if type(s) is str][:8] if type(found) is list else []
 
     def _reply(self, probe_name: str | None, args: tuple, kwargs: dict) -> Any:
         if why := _probe.plain((list(args), kwargs), "the probe's inputs"):

@@ -45,9 +45,11 @@ def is_pinned_torch(version: str) -> bool:
     return version.split("+")[0] == PINNED_TORCH
 
 
-#: a terminal's colour and cursor codes (ECMA-48 CSI sequences), which IPython puts in
-#: tracebacks: no verdict, result or report keeps them
-ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+#: a terminal's control sequences (ECMA-48: CSI colour and cursor codes, which IPython puts in
+#: tracebacks; OSC sequences such as hyperlinks; other escapes) and control characters but tab,
+#: line feed and carriage return: no verdict, result or report keeps them
+CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b.?"
+                     r"|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]", re.S)
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ class ExerciseResult:
     ``version_caveat``: graded under a torch other than the pinned release, and its checks
     depend on behaviour of that release (``pinned_behaviour`` in the lab table), so its status
     may reflect the version rather than the answer; False in every run on the pinned release.
-    ``message`` is kept without terminal colour codes (:data:`ANSI`)."""
+    ``message`` is kept without terminal control sequences (:data:`CONTROL`)."""
 
     id: str
     title: str
@@ -71,7 +73,7 @@ class ExerciseResult:
     def __post_init__(self):
         if self.status not in STATUSES:
             raise ValueError(f"unknown status {self.status!r}")
-        object.__setattr__(self, "message", ANSI.sub("", self.message))
+        object.__setattr__(self, "message", CONTROL.sub("", self.message))
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ def test_the_stub_is_named_as_the_stub():
     assert v.status == "error" and "toy.add is still the stub" in v.message
 
 
-def test_no_verdict_or_result_keeps_terminal_colour_codes():
+def test_no_verdict_or_result_keeps_terminal_control_sequences():
     from grader.results import ExerciseResult
 
     def coloured(a, b):
@@ -59,6 +59,9 @@ def test_no_verdict_or_result_keeps_terminal_colour_codes():
     assert v.status == "error" and "not summed" in v.message and "\x1b" not in v.message
     result = ExerciseResult("toy.add", "Add", "error", 0, 1, "\x1b[31mred\x1b[39m and plain")
     assert result.message == "red and plain"
+    linked = ExerciseResult("toy.add", "Add", "error", 0, 1,
+                            "a \x1b]8;;http://elsewhere\x07link\x1b]8;;\x07, a bell\x07\x00\r\n")
+    assert linked.message == "a link, a bell\r\n"  # (OSC hyperlinks and control characters)
 
 
 def test_an_answer_that_raises_is_an_error_quoting_the_learners_line(monkeypatch):
@@ -255,3 +258,29 @@ def test_work_ahead_gets_the_seed_and_what_goes_wrong_there_is_left_to_the_check
     checks.start_ahead("toy", 5)  # (raises nothing)
     checks.start_ahead("no-such-lab", 5)
     assert seen == [5]
+
+
+def test_a_settings_reply_the_notebook_forged_or_broke_leaves_the_verdict_alone(monkeypatch):
+    """The note comes from the kernel, which the notebook controls: an entry that is not a str
+    (an int str() refuses), a reader that raises, or a name with terminal escapes costs the
+    note, never the verdict."""
+    from grader.kernel import probe
+
+    wrong = _in_state(lambda x: x ** 3)
+    monkeypatch.setattr(probe, "settings_changes", lambda: [10 ** 5000, "GLOO_X='1'"])
+    v = run_checks("toy.state-probe", wrong)
+    assert v.status == "failed" and "changed settings (GLOO_X='1')" in v.message
+
+    def broken():
+        raise RuntimeError("the notebook broke this")
+
+    monkeypatch.setattr(probe, "settings_changes", broken)
+    v = run_checks("toy.state-probe", wrong)
+    assert v.status == "failed" and "changed settings" not in v.message
+    monkeypatch.undo()
+
+    monkeypatch.setenv("TORCHINDUCTOR_\x1b]8;;http://elsewhere\x07X", "\x1b[31m1")
+    with torch._dynamo.config.patch(cache_size_limit=torch.tensor([1, 2])):  # (!= is ambiguous)
+        v = run_checks("toy.state-probe", wrong)
+    assert v.status == "failed" and "TORCHINDUCTOR_" in v.message
+    assert not any(c in v.message for c in "\x1b\x07"), v.message

@@ -19,9 +19,11 @@ paths run the same code and give the same verdict.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import pickle
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -361,7 +363,18 @@ def settings_changes() -> list[str]:
     is torch's own doing, not reported), and the entries of :data:`SETTING_CONFIGS` that differ
     from their defaults (:func:`config_changes`: ``"torch._inductor.config.cpp.cxx =
     'clang++'"``), those a person types (:func:`_typed`). Empty when nothing differs."""
-    found = state_changes()
+    found = []
+    for part in (state_changes, _environ_changes,
+                 *(functools.partial(_config_entries, label) for label in SETTING_CONFIGS)):
+        try:  # (a part that cannot be read, e.g. a config entry set to a tensor, is left out)
+            found += part()
+        except Exception:  # noqa: BLE001
+            continue
+    return found
+
+
+def _environ_changes() -> list[str]:
+    found = []
     started, now = started_environ(), dict(os.environ)
     for name in sorted(set(started) | set(now)):
         was, value = started.get(name), now.get(name)
@@ -370,15 +383,19 @@ def settings_changes() -> list[str]:
             continue
         if name == "TORCHINDUCTOR_CACHE_DIR" and was is None and value == _inductor_default():
             continue
+        said = name if re.fullmatch(r"\w+", name, re.ASCII) else _short(name)
         then = "unset" if was is None else f"{_short(was)}"
-        found.append(f"{name} unset (it was {then} when the kernel started)" if value is None
-                     else f"{name}={_short(value)} ({then} when the kernel started)")
-    for label in SETTING_CONFIGS:
-        if (module := sys.modules.get(label)) is not None:
-            values = module.get_config_copy()
-            found += [f"{label}.{key} = {_short(values[key])}"
-                      for key in sorted(config_changes(module)) if _typed(values[key])]
+        found.append(f"{said} unset (it was {then} when the kernel started)" if value is None
+                     else f"{said}={_short(value)} ({then} when the kernel started)")
     return found
+
+
+def _config_entries(label: str) -> list[str]:
+    if (module := sys.modules.get(label)) is None:
+        return []
+    values = module.get_config_copy()
+    return [f"{label}.{key} = {_short(values[key])}" for key in sorted(config_changes(module))
+            if _typed(values[key])]
 
 
 def _typed(value: Any) -> bool:
@@ -466,7 +483,10 @@ def call(answer: Any, probe_name: str | None, args: tuple, kwargs: dict, seed: i
     Never raises for what the answer does (``KeyboardInterrupt``, the grader's time limit, is
     passed on). For ``probe_name`` :data:`SETTINGS`, the reply is :func:`settings_changes`."""
     if probe_name == SETTINGS:
-        return encode({"value": settings_changes()})
+        try:
+            return encode({"value": settings_changes()})
+        except Exception:  # noqa: BLE001  (a note the judge then leaves out)
+            return encode({"value": []})
     seen: dict = {"ran": None}
     if (record := answered_by(answer, models)) is not None:
         return encode({"modelled": record})

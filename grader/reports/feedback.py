@@ -18,7 +18,7 @@ from grader import notebook
 from grader.errors import GraderError
 from grader.reports.graded import Graded
 from grader.reports.render import HTML, MARKDOWN
-from grader.results import ANSI, CAVEAT_MARK, mismatch_note
+from grader.results import CAVEAT_MARK, CONTROL, mismatch_note
 
 #: characters of one text output shown in feedback; the rest is cut with a note
 MAX_TEXT_CHARS = 2000
@@ -68,7 +68,7 @@ def _unpath(text: str) -> str:
 
 
 def _clip(text: str) -> str:
-    text = _unpath(ANSI.sub("", text)).rstrip("\n")
+    text = _unpath(CONTROL.sub("", text)).rstrip("\n")
     if len(text) > MAX_TEXT_CHARS:
         more = len(text) - MAX_TEXT_CHARS
         text = text[:MAX_TEXT_CHARS] + f"\n… ({more} more characters not shown)"

@@ -8,14 +8,14 @@ from pathlib import Path
 
 from grader.files import atomic_write
 from grader.reports.graded import Graded, num
-from grader.results import ANSI, CAVEAT_MARK, mismatch_note
+from grader.results import CAVEAT_MARK, CONTROL, mismatch_note
 
 _XML_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
 def _xml_text(text: str) -> str:
-    """``text`` without the characters XML 1.0 cannot hold (ANSI escapes, NUL...)."""
-    return _XML_ILLEGAL.sub("", ANSI.sub("", text))
+    """``text`` without the characters XML 1.0 cannot hold (control sequences, NUL...)."""
+    return _XML_ILLEGAL.sub("", CONTROL.sub("", text))
 
 
 def junit_xml(graded: list[Graded]) -> bytes:

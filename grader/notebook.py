@@ -34,6 +34,9 @@ MAX_NOTEBOOK_BYTES = 100_000_000
 #: what to do with a notebook that is not valid JSON
 _RESAVE = ("fix it there in a text editor, or hand in a good copy: JupyterLab saves one with "
            "File > Download while the notebook is still open in it")
+#: what to do about a notebook whose file was cut short (nothing after the cut can be fixed)
+_COMPLETE = ("hand in a complete copy: JupyterLab saves one with File > Download while the "
+             "notebook is still open in it")
 
 
 def kernelspec(torch_version: str) -> dict[str, str]:
@@ -93,7 +96,10 @@ def read(path: str | Path) -> NotebookNode:
                 json.loads(text)
             except json.JSONDecodeError as bad:  # (its message quotes no content)
                 said = bad.msg if bad.msg.endswith(" at") else f"{bad.msg} at"  # ("starting at")
-                why += f": {said} line {bad.lineno}, column {bad.colno}; {_RESAVE}"
+                why += (f": {said} line {bad.lineno}, column {bad.colno}; {_RESAVE}"
+                        if text.rstrip().endswith("}") else
+                        f": the file ends early, at line {text.count(chr(10)) + 1} (cut short by "
+                        f"a save, upload or copy that did not finish); {_COMPLETE}")
             except Exception:  # noqa: BLE001  (nbformat's reasons are enough)
                 pass
         raise GraderError(f"{path}: not a readable Jupyter notebook ({why})") from exc

@@ -1,6 +1,7 @@
 """Batches: who submitted what, parallel grading equal to serial, resume, CI exit codes."""
 import copy
 import csv
+import io
 import json
 import os
 import re
@@ -10,12 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from grader import notebook
-from grader.judge.batch import find_submissions, grade_all, learner_of
+from grader.judge.batch import Submission, find_submissions, grade_all, learner_of
 from grader.labs import load_lab
 from grader.cli import build_parser, default_out, main
 from grader.judge.grade import kernel_isolation
+from grader.reports.console import summary_table
 from grader.results import LabResult, read_verified
 from tests.conftest import FIXTURES, ROOT
 
@@ -370,7 +373,14 @@ def test_an_ungradable_notebook_has_the_batch_labs_maximum_in_every_report(tmp_p
     out = tmp_path / "out"
     assert main(["grade", str(subs), "--out", str(out), "--device", "cpu"]) == 1
     zed = json.loads((out / "zed-homework.json").read_text())
+    console = Console(file=io.StringIO(), width=100)
+    console.print(summary_table([(Submission(subs / "zed" / "homework.ipynb", "zed", "zed"),
+                                  LabResult.from_dict(zed), False)]))
+    row = console.file.getvalue()  # (the reason has a line of its own, not the table's row)
+    assert "not graded (the reason is" in row and "column 14" not in row
     assert (zed["lab"], zed["max_score"]) == ("toy", 4) and "line 1, column 14" in zed["error"]
+    assert zed["notes"] == ["it could not be read to tell which lab it is; it was counted as "
+                            "toy, the lab this batch assigns"]
     assert _gradebook(out)["zed"]["max_score"] == "4"
     zed_json = json.loads((out / "gradescope" / "zed-homework.json").read_text())
     assert zed_json["extra_data"]["max_score"] == 4

@@ -72,4 +72,5 @@ def test_an_explorer_shows_a_busy_sign_and_disables_its_controls_while_it_comput
 
     with pytest.raises(RuntimeError):
         show_cached(picture, cache, 3, fails, "drawing step 3", [slider])
-    assert slider.disabled is False and 3 not in cache
+    assert slider.disabled is False and 3 not in cache and "⏳" not in picture.value
+    assert "drawing step 3 failed: RuntimeError: the learner&#x27;s function failed" in picture.value

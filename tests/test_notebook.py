@@ -38,12 +38,16 @@ def test_broken_json_names_line_and_column_and_the_remedy_without_quoting_it(tmp
     assert "fix it there in a text editor" in message and "do-not-quote" not in message
 
 
-def test_a_notebook_cut_off_in_a_string_says_where_the_string_starts(tmp_path):
+@pytest.mark.parametrize("cut", ['{"cells": [],\n "metadata": {"a": "cut off here',
+                                 '{"cells": [],\n "metadata": {"a": 1, \n'])
+def test_a_notebook_cut_short_says_the_file_ends_early(tmp_path, cut):
     path = tmp_path / "cut.ipynb"
-    path.write_text('{"cells": [],\n "metadata": {"a": "cut off here')
+    path.write_text(cut)
     with pytest.raises(GraderError) as info:
         notebook.read(path)
-    assert "it is not JSON: Unterminated string starting at line 2, column 20;" in str(info.value)
+    assert ("it is not JSON: the file ends early, at line " in str(info.value)
+            and "hand in a complete copy" in str(info.value)), str(info.value)
+    assert "fix it there" not in str(info.value) and "at at" not in str(info.value)
 
 
 def test_an_empty_file_is_called_empty(tmp_path):

@@ -185,7 +185,13 @@ def grade_notebook(path: Path, out_dir: Path, *, device: str = "cpu", seed: int 
     except GraderError as exc:  # unreadable, unknown lab: the file name may still say which lab
         # the learner sees this reason: name their file, not the folders it sits in here
         reason = str(exc).replace(str(path), path.name)
-        result = _failed_result(lab or _lab_from_name(path, assigned), path, env, reason, started)
+        named = lab or _lab_from_name(path)
+        result = _failed_result(named or _lab_from_name(path, assigned), path, env, reason,
+                                started)
+        if named is None and result.lab == assigned:  # (nothing in the file said which lab)
+            result = replace(result, notes=(f"it could not be read to tell which lab it is; it "
+                                            f"was counted as {assigned}, the lab this batch "
+                                            "assigns",))
     except Exception as exc:  # an input nobody foresaw: it costs this notebook only
         result = _failed_result(lab or _lab_from_name(path, assigned), path, env,
                                 f"internal error while grading: {type(exc).__name__}: {exc}",

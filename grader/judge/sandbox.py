@@ -251,8 +251,9 @@ def isolation(readable: list[Path]) -> Isolation:
                          f"namespaces of their own ({hidden})")
     if code == 1:
         return Isolation(None, True, f"kernels run as root in mount and PID namespaces of their "
-                         f"own ({hidden}; files elsewhere readable): {KERNEL_USER} cannot read "
-                         "the interpreter or the course here (README: Isolation)")
+                         f"own ({hidden}; files elsewhere readable): the user {KERNEL_USER} "
+                         "cannot read the interpreter or the course here, so kernels stay root "
+                         "(README: Isolation)")
     return Isolation(None, False, "kernels run as root, with nothing hidden: this machine "
                      "refuses mount and PID namespaces (README: Isolation)")
 

@@ -190,15 +190,21 @@ def show_cached(picture, cache: dict, key: Any, render: Callable[[], str], worki
     ``render()`` (HTML) when ``key`` is not cached. While it computes, the picture shows a busy
     sign (⏳ and ``working``, e.g. "explaining f with torch._dynamo.explain") above the last
     picture, and ``controls`` (the explorer's widgets) are disabled, so a learner sees that the
-    kernel is busy and queues no more work meanwhile; they are enabled again afterwards, also
-    when ``render`` raises (which is passed on)."""
+    kernel is busy and queues no more work meanwhile; they are enabled again afterwards. When
+    ``render`` raises, the picture says so in place of the busy sign, and the exception is
+    passed on."""
     if key not in cache:
+        last = picture.value
         picture.value = (f'<p style="color:#555;margin:2px 0">⏳ <i>{html.escape(working)}'
-                         f'…</i></p>{picture.value}')
+                         f'…</i></p>{last}')
         for control in controls:
             control.disabled = True
         try:
             cache[key] = render()
+        except Exception as exc:
+            picture.value = (f'<p style="color:#b42318;margin:2px 0">✗ {html.escape(working)} '
+                             f"failed: {html.escape(f'{type(exc).__name__}: {exc}')}</p>{last}")
+            raise
         finally:
             for control in controls:
                 control.disabled = False

@@ -85,8 +85,8 @@ def summary_table(results, expand: bool = True) -> Table:
         for e in r.exercises:
             counts[e.status] = counts.get(e.status, 0) + 1
         statuses = " ".join(f"[{STYLE[s]}]{counts[s]} {s}[/]" for s in STYLE if s in counts)
-        if r.error:
-            statuses = f"[red]not graded: {safe(r.error)}[/]"
+        if r.error:  # (its reason is printed with its name, on a line of its own)
+            statuses = "[red]not graded (the reason is printed with its name)[/]"
         t.add_row(safe(sub.learner), r.lab,
                   safe(str(sub.path)) + (" [dim](reused)[/dim]" if reused else ""),
                   f"{r.score:g}/{r.max_score:g}", f"{r.score:g}/{r.runnable_max_score:g}",

@@ -146,10 +146,12 @@ def _compare(got, output, leaves_made: list, kernel_base: int, base: int, where:
     want = {id(n): n for n in nodes}
     missing = [n for n in nodes if id(n) not in counts]
     if missing:
-        kinds = Counter(type(n).__name__ for n in missing)
+        kinds = Counter(type(n).__name__ for n in missing).most_common()
+        listed = ", ".join(f"{v}x {k}" for k, v in kinds[:4])
+        listed += f" and {len(kinds) - 4} more kind(s)" if len(kinds) > 4 else ""
         raise CheckFailure(
             f"on {where}, 'nodes' misses {len(missing)} of the {len(nodes)} reachable nodes "
-            f"({', '.join(f'{v}x {k}' for k, v in kinds.most_common(4))}), e.g. {describe(missing[0])}. "
+            f"({listed}), e.g. {describe(missing[0])}. "
             "Follow every non-None entry of next_functions, down to and including the leaves' "
             "AccumulateGrad nodes, and don't merge distinct nodes that share a name.")
     extra = [n for n in g_nodes if id(n) not in want]

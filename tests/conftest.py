@@ -40,9 +40,11 @@ def _prime_autograd_engine():
 
 _prime_autograd_engine()
 
-#: the test files that grade whole notebooks in kernels, longest first: run before the rest, so
-#: that neither pytest-xdist worker is left alone with one of them at the end of `make test`
+#: the test files that grade whole notebooks in kernels, longest first, and the two that grade
+#: every exercise's reference (each over a minute of one worker): run before the rest, so that
+#: neither pytest-xdist worker is left alone with one of them at the end of `make test`
 SLOW_FIRST = ("tests/hostile/", "tests/test_labs_end_to_end.py", "tests/test_run_twice.py",
+              "tests/labs/test_reference_seeds.py", "tests/labs/test_exercise_contract.py",
               "tests/test_batch.py", "tests/test_dist.py", "tests/test_grade.py",
               "tests/test_run_all.py")
 

@@ -358,9 +358,10 @@ SETTINGS = "grader:settings"
 def settings_changes() -> list[str]:
     """How this process's settings differ from torch's defaults and from the environment it was
     started with, in words, one entry each: torch's global state (:func:`state_changes`), the
-    environment variables of :data:`SETTING_VARS` set, changed or removed since (``"GLOO_SOCKET_
-    IFNAME='en0' (unset when the kernel started)"``; Inductor's cache folder set to its default
-    is torch's own doing, not reported), and the entries of :data:`SETTING_CONFIGS` that differ
+    environment variables of :data:`SETTING_VARS` set, changed or removed since
+    (``"GLOO_SOCKET_IFNAME='en0' (unset when the kernel started)"``; Inductor's cache folder set
+    to its default is torch's own doing, not reported), and the entries of
+    :data:`SETTING_CONFIGS` that differ
     from their defaults (:func:`config_changes`: ``"torch._inductor.config.cpp.cxx =
     'clang++'"``), those a person types (:func:`_typed`). Empty when nothing differs."""
     found = []
@@ -384,7 +385,7 @@ def _environ_changes() -> list[str]:
         if name == "TORCHINDUCTOR_CACHE_DIR" and was is None and value == _inductor_default():
             continue
         said = name if re.fullmatch(r"\w+", name, re.ASCII) else _short(name)
-        then = "unset" if was is None else f"{_short(was)}"
+        then = "unset" if was is None else _short(was)
         found.append(f"{said} unset (it was {then} when the kernel started)" if value is None
                      else f"{said}={_short(value)} ({then} when the kernel started)")
     return found

@@ -32,11 +32,10 @@ MAX_NOTEBOOK_BYTES = 100_000_000
 
 
 #: what to do with a notebook that is not valid JSON
-_RESAVE = ("fix it there in a text editor, or hand in a good copy: JupyterLab saves one with "
-           "File > Download while the notebook is still open in it")
+_DOWNLOAD = "JupyterLab saves one with File > Download while the notebook is still open in it"
+_RESAVE = f"fix it there in a text editor, or hand in a good copy: {_DOWNLOAD}"
 #: what to do about a notebook whose file was cut short (nothing after the cut can be fixed)
-_COMPLETE = ("hand in a complete copy: JupyterLab saves one with File > Download while the "
-             "notebook is still open in it")
+_COMPLETE = f"hand in a complete copy: {_DOWNLOAD}"
 
 
 def kernelspec(torch_version: str) -> dict[str, str]:

@@ -3,7 +3,8 @@ loopback port with a token) and Debian's ``chromium`` driven by Playwright's Pyt
 (``executable_path``: never a browser download). The released lab 1 notebook is opened, run
 top to bottom, a hint is revealed, the reference answer of one exercise is typed into its answer
 cell, and that exercise's check then passes and the progress display counts it. Lab 2 then
-opens unmodified (nothing to save) on a kernel of its own, the course's.
+opens on a kernel of its own, the course's, and saved at once it keeps its kernelspec and cells
+(JupyterLab adds the kernel's language_info, as it does to any notebook).
 
 Screenshots are written to ``build/browser/`` (CI keeps them as artifacts). Skipped, with the
 reason, where ``chromium`` or Playwright is missing (``.ci/run`` installs chromium).
@@ -73,11 +74,23 @@ def jupyterlab(tmp_path):
         log.close()
 
 
+def _kernels_once_open(url: str, token: str, name: str) -> dict:
+    """The server's sessions' kernels by notebook file name, once one for ``name`` exists (60 s
+    at most)."""
+    deadline = time.monotonic() + 60
+    while True:
+        with urllib.request.urlopen(f"{url}/api/sessions?token={token}") as reply:
+            kernels = {s["path"].rsplit("/", 1)[-1]: s["kernel"] for s in json.load(reply)}
+        if name in kernels or time.monotonic() > deadline:
+            return kernels
+        time.sleep(0.2)
+
+
 def _outputs(cell):
     return cell.locator(".jp-OutputArea-output")
 
 
-def test_a_learner_runs_the_lab_reads_a_hint_and_passes_an_exercise(jupyterlab):
+def test_a_learner_runs_the_lab_reads_a_hint_and_passes_an_exercise(jupyterlab, tmp_path):
     url, token = jupyterlab
     lab = load_lab("dispatcher")
     first = lab.exercises[0]
@@ -148,12 +161,19 @@ def test_a_learner_runs_the_lab_reads_a_hint_and_passes_an_exercise(jupyterlab):
         # the next lab opens unmodified, on a kernel of its own: the course's
         second = load_lab("autograd").release_path.name
         page.goto(f"{url}/lab/tree/{second}?token={token}")
+        kernels = _kernels_once_open(url, token, second)  # (the status bar may still show lab 1)
         page.get_by_text(f"{display_name()} | Idle").wait_for()
-        page.wait_for_timeout(1000)  # (a metadata rewrite would mark the tab dirty by now)
-        tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text=second)
-        assert "jp-mod-dirty" not in (tab.get_attribute("class") or ""), "rewritten on open"
-        with urllib.request.urlopen(f"{url}/api/sessions?token={token}") as reply:
-            kernels = {s["path"].rsplit("/", 1)[-1]: s["kernel"] for s in json.load(reply)}
+        saved = tmp_path / "work" / second
+        before, written = notebook.read(saved), saved.stat().st_mtime_ns
+        page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text=second).click()
+        page.keyboard.press("Control+s")
+        deadline = time.monotonic() + 30
+        while saved.stat().st_mtime_ns == written:
+            assert time.monotonic() < deadline, "lab 2 was not saved"
+            time.sleep(0.2)
+        after = notebook.read(saved)
+        assert after.metadata.kernelspec == before.metadata.kernelspec  # not rewritten
+        assert [(c.id, c.source) for c in after.cells] == [(c.id, c.source) for c in before.cells]
         assert kernels[second]["name"] == "python3"
         assert kernels[second]["id"] != kernels[lab.release_path.name]["id"]
         browser.close()

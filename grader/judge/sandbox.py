@@ -22,7 +22,8 @@ descendant, so the grader can find and stop it.
 :func:`kernel_env` is the environment the kernel starts with: an allow-list, so nothing of the
 grader's own environment (tokens, CI secrets) reaches the submission. Compiler caches are one per
 submission: Inductor's (``TORCHINDUCTOR_CACHE_DIR``, which holds its FX graph cache, its C++
-kernels, its precompiled headers and Triton's cache) is inside the run's own temporary folder,
+kernels, its precompiled headers and Triton's cache), with the C++ extensions a notebook builds
+(``TORCH_EXTENSIONS_DIR`` inside it), is inside the run's own temporary folder,
 so nothing one submission plants there is read while grading another, and it is deleted with
 the run. It starts as a copy of its lab's *warm* cache, which only the course's own reference
 solutions write (:func:`warm_cache`, :func:`keep_warm_cache`): a learner's kernel does not
@@ -180,6 +181,9 @@ def kernel_env(home: Path, threads: int | None = None) -> dict[str, str]:
     env.update(HOME=str(home), TMPDIR=str(tmp), IPYTHONDIR=str(home / ".ipython"),
                JUPYTER_CONFIG_DIR=str(home / ".jupyter"), MPLCONFIGDIR=str(tmp),
                TORCHINDUCTOR_CACHE_DIR=str(inductor_cache(home)),
+               # C++ extensions (torch.utils.cpp_extension) build beside Inductor's kernels, so
+               # the warm cache holds the reference's builds too
+               TORCH_EXTENSIONS_DIR=str(inductor_cache(home) / "torch_extensions"),
                PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1",
                # Inductor keeps its precompiled header (a 147 MB .gch) under TMPDIR, not in its
                # cache: built again in every run's own TMPDIR it costs more than it saves, and

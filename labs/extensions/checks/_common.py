@@ -1,0 +1,49 @@
+"""What the C++ exercises' judges share: a probe's reply read for a failed build, a missing
+operator, or a tensor where one was due."""
+from __future__ import annotations
+
+from grader.checks import CheckFailure
+
+
+def built(seen, exercise: str, op: str | None) -> dict:
+    """``seen`` (a probe's reply) when the source built and registered ``op`` (if given); else
+    CheckFailure with the compiler's errors (trimmed to the source's lines) or what is
+    missing."""
+    if type(seen) is not dict:
+        raise CheckFailure("what came back from the probe is not a reply: the grader's probe did "
+                           "not run as shipped (answers must not modify the grader).")
+    if "build" in seen:
+        error = seen["build"]
+        raise CheckFailure(f"your source did not build ({error.get('ename')}):\n"
+                           f"{error.get('text')}")
+    if op is not None and seen.get("schema") is None:
+        raise CheckFailure(
+            f"your source built, but registered no operator `{op}` in its namespace. Define it "
+            f"in a TORCH_LIBRARY(TORCH_EXTENSION_NAME, m) block: m.def(\"{op}(...) -> ...\"); "
+            f"TORCH_EXTENSION_NAME is the name the build gives each version of your source "
+            f"({exercise}).")
+    return seen
+
+
+def tensor(value, what: str):
+    """``value`` as a plain tensor, or CheckFailure saying what came back instead."""
+    import torch
+
+    if type(value) is torch.Tensor:
+        return value
+    kind = value.get("type") if type(value) is dict else type(value).__name__
+    raise CheckFailure(f"{what} is a {kind}, not a tensor.")
+
+
+def failed_tests(words: dict) -> dict:
+    """The opcheck tests of ``words`` (test -> "SUCCESS" or the error) that did not succeed."""
+    if type(words) is not dict:
+        return {"opcheck": str(words)[:300]}
+    return {t: str(w) for t, w in words.items() if w != "SUCCESS"}
+
+
+def first_lines(text: str, n: int = 3) -> str:
+    """The first ``n`` non-empty lines of ``text`` (torch's messages are long), at most 500
+    characters."""
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    return " ".join(lines[:n])[:500]

@@ -6,6 +6,7 @@ requirements) and its checks in the module ``labs.<lab>.checks``.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import re
 import shutil
 import tomllib
@@ -25,7 +26,7 @@ class Exercise:
 
     ``answer`` is the name the learner's answer cell binds in the notebook (a function, class or
     value); ``timeout`` is the exercise's time limit in seconds; ``requires`` lists what it needs
-    to run (``cpu``, ``cuda``, ``cuda>=2``, ``cxx``); ``pinned_behaviour``: its checks depend on
+    to run (``cpu``, ``cuda``, ``cuda>=2``, ``cxx``: a C++ compiler and ninja); ``pinned_behaviour``: its checks depend on
     behaviour of the pinned torch release (they compare with values, orders, counts or rules
     typed in from it, or its reference answer relies on internals another release may lack),
     not only on the installed torch as the oracle: a run under another release (``grader grade
@@ -63,6 +64,8 @@ class Exercise:
             elif need == "cxx":
                 if not (shutil.which("c++") or shutil.which("g++")):
                     return "needs a C++ compiler (c++ or g++ on PATH)"
+                if not (shutil.which("ninja") or importlib.util.find_spec("ninja")):
+                    return "needs ninja (on PATH, or `pip install ninja`) to build C++ extensions"
             else:
                 return f"unknown requirement {need!r} in the lab table"
         return None

@@ -2,8 +2,9 @@
 fallback for the dispatch key ``TESTING_ONLY_GenericMode`` (one no tensor carries) that records
 the name of every operator it sees (``aten::add.Tensor``: ``c10::toString(OperatorName)``) and
 redispatches to the keys below it, plus two operators in its own namespace: ``start() -> ()``
-switches the key on for this thread and clears the log, ``stop() -> str[]`` switches it off and
-returns the log. Only the calls made from Python are logged, as a ``TorchDispatchMode`` logs
+clears the log, registers the fallback (a ``torch::Library`` held until stop(): a key has one
+fallback per process) and switches the key on for this thread, ``stop() -> str[]`` switches it
+off, drops the registration and returns the log. Only the calls made from Python are logged, as a ``TorchDispatchMode`` logs
 them: what the kernels below call is not (c10/core/impl/LocalDispatchKeySet.h:
 ExcludeDispatchKeyGuard; aten/src/ATen/core/dispatch/Dispatcher.h:
 OperatorHandle::redispatchBoxed; torch/library.h: Library::fallback, CppFunction::

@@ -1,8 +1,8 @@
-"""The extensions lab's probes: what runs in the learner's kernel when an exercise is judged
-(see ``grader.kernel.probe``). A C++ answer is a function that returns a source string: its probe builds it
-(:func:`labs.extensions.build.build`, into the kernel's own extensions folder), calls the
-operators it registered on the inputs the judge chose, and returns what they gave as plain data
-(tensors, opcheck's and gradcheck's words, logs, node targets); the judges in
+"""The extensions lab's probes: what runs in the learner's kernel when an exercise is judged (see
+``grader.kernel.probe``). A C++ answer is a function that returns a source string: its probe
+builds it (:func:`labs.extensions.build.build`, into the kernel's own extensions folder), calls
+the operators it registered on the inputs the judge chose, and returns what they gave as plain
+data (tensors, opcheck's and gradcheck's words, logs, node targets); the judges in
 ``labs/extensions/checks`` compute torch's answer in the grader's process and decide. Nothing
 here knows a right answer."""
 from __future__ import annotations
@@ -54,6 +54,16 @@ def _built(source, prefix: str, cuda: bool = False):
         return None, {"build": _error(exc)}
 
 
+def _operator(source, prefix: str, name: str, cuda: bool = False):
+    """Build ``source()`` and find its operator ``name``: ``(op, schema, None)``, or ``(None,
+    None, reply)`` with the reply that says why not (``{"build"}`` or ``{"schema": None}``)."""
+    ns, failed = _built(source, prefix, cuda)
+    if failed:
+        return None, None, failed
+    op, schema = _find(ns, name)
+    return op, schema, (None if op is not None else {"schema": None})
+
+
 def _find(ns, name: str):
     """The default overload of ``ns.<name>`` and its schema, or (None, None)."""
     packet = getattr(ns, name, None) if ns is not None else None
@@ -100,12 +110,9 @@ def cpp_op(source, cases: list) -> dict:
     through opcheck. Returns ``{"schema", "results": one dict per case}`` or ``{"build"}``."""
     import torch
 
-    ns, failed = _built(source, "mul_tanh")
+    op, schema, failed = _operator(source, "mul_tanh", "mul_tanh")
     if failed:
         return failed
-    op, schema = _find(ns, "mul_tanh")
-    if op is None:
-        return {"schema": None}
     results = []
     for kind, x, y in cases:
         if kind == "call":
@@ -131,12 +138,9 @@ def cpp_autograd(source, cases: list) -> dict:
     own for the Autograd key and whether a call under no_grad records a graph."""
     import torch
 
-    ns, failed = _built(source, "mul_tanh_ad")
+    op, schema, failed = _operator(source, "mul_tanh_ad", "mul_tanh")
     if failed:
         return failed
-    op, schema = _find(ns, "mul_tanh")
-    if op is None:
-        return {"schema": None}
     facts = {"schema": schema, "autograd_kernel": torch._C._dispatch_has_kernel_for_dispatch_key(
         op._schema.name, "Autograd"), "results": []}
     for x, y, grad in cases:
@@ -309,12 +313,9 @@ def cuda_op(source, cases: list) -> dict:
     on copies on the GPU: ``{"results": [{"out": on the CPU, "device"} or {"error"}]}``."""
     import torch
 
-    ns, failed = _built(source, "mul_tanh_cuda", cuda=True)
+    op, schema, failed = _operator(source, "mul_tanh_cuda", "mul_tanh", cuda=True)
     if failed:
         return failed
-    op, schema = _find(ns, "mul_tanh")
-    if op is None:
-        return {"schema": None}
     results = []
     for x, y in cases:
         seen = _call(op, x.cuda(), y.cuda())

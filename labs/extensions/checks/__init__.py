@@ -1,4 +1,5 @@
-"""The extensions lab's checks, one module per exercise (each registers with grader.checks.check)."""
+"""The extensions lab's checks, one module per exercise (each registers with
+grader.checks.check)."""
 from labs.extensions.checks import (  # noqa: F401  (imported to register their checks)
     boxed_fallback,
     codegen,

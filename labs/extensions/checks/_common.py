@@ -2,7 +2,7 @@
 operator, or a tensor where one was due."""
 from __future__ import annotations
 
-from grader.checks import CheckFailure
+from grader.checks import AnswerRaised, CheckFailure, paired
 
 
 def built(seen, exercise: str, op: str | None) -> dict:
@@ -47,3 +47,15 @@ def first_lines(text: str, n: int = 3) -> str:
     characters."""
     lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
     return " ".join(lines[:n])[:500]
+
+
+def results(seen, asked: list, what: str = "cases") -> list:
+    """The probe's ``results`` for the ``asked`` cases, one per case (``paired``: a reply that
+    covers fewer, or is not a list, fails); an entry that says the answer raised is raised."""
+    reply = seen.get("results") if type(seen) is dict else None
+    found = []
+    for _, got in paired(asked, reply, what):
+        if type(got) is dict and type(got.get("raised")) is dict:
+            raise AnswerRaised(got["raised"])
+        found.append(got)
+    return found

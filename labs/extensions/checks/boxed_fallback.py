@@ -1,14 +1,14 @@
-"""Checks of ``extensions.boxed-fallback``: ``logging_fallback_source()``, which returns a C++ source with a boxed
-fallback for the dispatch key ``TESTING_ONLY_GenericMode`` (one no tensor carries) that records
-the name of every operator it sees (``aten::add.Tensor``: ``c10::toString(OperatorName)``) and
-redispatches to the keys below it, plus two operators in its own namespace: ``start() -> ()``
-clears the log, registers the fallback (a ``torch::Library`` held until stop(): a key has one
-fallback per process) and switches the key on for this thread, ``stop() -> str[]`` switches it
-off, drops the registration and returns the log. Only the calls made from Python are logged, as a ``TorchDispatchMode`` logs
-them: what the kernels below call is not (c10/core/impl/LocalDispatchKeySet.h:
-ExcludeDispatchKeyGuard; aten/src/ATen/core/dispatch/Dispatcher.h:
-OperatorHandle::redispatchBoxed; torch/library.h: Library::fallback, CppFunction::
-makeFromBoxedFunction).
+"""Checks of ``extensions.boxed-fallback``: ``logging_fallback_source()``, which returns a C++
+source with a boxed fallback for the dispatch key ``TESTING_ONLY_GenericMode`` (one no tensor
+carries) that records the name of every operator it sees (``aten::add.Tensor``:
+``c10::toString(OperatorName)``) and redispatches to the keys below it, plus two operators in
+its own namespace: ``start() -> ()`` clears the log, registers the fallback (a
+``torch::Library`` held until stop(): a key has one fallback per process) and switches the key
+on for this thread, ``stop() -> str[]`` switches it off, drops the registration and returns the
+log. Only the calls made from Python are logged, as a ``TorchDispatchMode`` logs them: what the
+kernels below call is not (c10/core/impl/LocalDispatchKeySet.h: ExcludeDispatchKeyGuard;
+aten/src/ATen/core/dispatch/Dispatcher.h: OperatorHandle::redispatchBoxed; torch/library.h:
+Library::fallback, CppFunction:: makeFromBoxedFunction).
 
 Oracle: the same programs (:func:`labs.extensions.probes.run_program`, steps that call ATen
 operators with kernels of their own) run here under a Python ``TorchDispatchMode`` that logs
@@ -21,7 +21,7 @@ import random
 
 from grader.checks import CheckFailure, check
 from labs.extensions import probes
-from labs.extensions.checks._common import built, first_lines
+from labs.extensions.checks._common import built, first_lines, results
 
 EXERCISE = "extensions.boxed-fallback"
 PUBLIC = (["mm", "relu", "sum"], ["add", "view", "cat", "exp"])
@@ -52,11 +52,8 @@ def _judge(source, programs) -> None:
         raise CheckFailure(f"your source registers no {' and no '.join(map(str, seen['missing']))}"
                            " operator: define start() -> () and stop() -> str[] in its "
                            "TORCH_LIBRARY(TORCH_EXTENSION_NAME, m) block.")
-    results = seen.get("results")
-    if type(results) is not list or len(results) != len(programs):
-        raise CheckFailure("what came back from the probe does not cover the programs asked: "
-                           "the grader's probe did not run as shipped.")
-    for (steps, seed), got in zip(programs, results):
+    found = results(seen, programs, "programs")
+    for (steps, seed), got in zip(programs, found):
         if "error" in got:
             raise CheckFailure(f"running the program {steps} between start() and stop() raised: "
                                f"{first_lines(got['error']['text'])}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from grader.checks import CheckFailure, check
 from labs.extensions import probes
-from labs.extensions.checks._common import failed_tests, first_lines, tensor
+from labs.extensions.checks._common import failed_tests, first_lines, results, tensor
 
 EXERCISE = "extensions.compile-ready"
 
@@ -31,11 +31,7 @@ def padded(x, multiple: int):
 
 def _run(answer, cases):
     seen = answer.probe(probes.compile_ready, cases)
-    results = seen.get("results") if type(seen) is dict else None
-    if type(results) is not list or len(results) != len(cases):
-        raise CheckFailure("what came back from the probe does not cover the cases asked: the "
-                           "grader's probe did not run as shipped.")
-    return results
+    return results(seen, cases)
 
 
 def _judge(answer, cases) -> None:

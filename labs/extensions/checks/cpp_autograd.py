@@ -1,7 +1,7 @@
-"""Checks of ``extensions.cpp-autograd``: ``mul_tanh_autograd_source()``, which returns a C++ source that defines
-``mul_tanh(Tensor x, Tensor y) -> Tensor`` (``x * tanh(y)``) with its CPU and Meta kernels and
-a kernel of its own for the Autograd key: a ``torch::autograd::Function`` whose backward gives
-``grad * tanh(y)`` to x and ``grad * x * (1 - tanh(y)^2)`` to y
+"""Checks of ``extensions.cpp-autograd``: ``mul_tanh_autograd_source()``, which returns a C++
+source that defines ``mul_tanh(Tensor x, Tensor y) -> Tensor`` (``x * tanh(y)``) with its CPU
+and Meta kernels and a kernel of its own for the Autograd key: a ``torch::autograd::Function``
+whose backward gives ``grad * tanh(y)`` to x and ``grad * x * (1 - tanh(y)^2)`` to y
 (torch/csrc/autograd/custom_function.h: Function, AutogradContext).
 
 Oracles: the composite ``x * torch.tanh(y)`` and its gradients by ``torch.autograd.grad``,
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from grader.checks import CheckFailure, check
 from labs.extensions import probes
-from labs.extensions.checks._common import built, first_lines, tensor
+from labs.extensions.checks._common import built, first_lines, results, tensor
 
 EXERCISE = "extensions.cpp-autograd"
 
@@ -27,11 +27,8 @@ def _judge(source, cases) -> None:
             "mul_tanh has no kernel of its own for the Autograd key: register one with "
             "TORCH_LIBRARY_IMPL(TORCH_EXTENSION_NAME, Autograd, m) { m.impl(\"mul_tanh\", ...); } "
             "that calls your torch::autograd::Function's apply.")
-    results = seen.get("results")
-    if type(results) is not list or len(results) != len(cases):
-        raise CheckFailure("what came back from the probe does not cover the cases asked: the "
-                           "grader's probe did not run as shipped.")
-    for (x, y, grad), got in zip(cases, results):
+    found = results(seen, cases)
+    for (x, y, grad), got in zip(cases, found):
         where = f"x {tuple(x.shape)}" + ("" if x.is_contiguous() else " (non-contiguous)")
         if "error" in got:
             raise CheckFailure(f"for {where} the forward or backward raised: "

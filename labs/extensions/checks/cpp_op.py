@@ -1,21 +1,21 @@
 """Checks of ``extensions.cpp-op``: ``mul_tanh_source()``, which returns a C++ source that defines
-``mul_tanh(Tensor x, Tensor y) -> Tensor`` (``x * tanh(y)`` elementwise, for x and y of one shape
-and one floating dtype) in a ``TORCH_LIBRARY(TORCH_EXTENSION_NAME, m)`` block, with a CPU kernel
-and a Meta kernel (``TORCH_LIBRARY_IMPL``).
+``mul_tanh(Tensor x, Tensor y) -> Tensor`` (``x * tanh(y)`` elementwise, for x and y of one
+shape and one floating dtype) in a ``TORCH_LIBRARY(TORCH_EXTENSION_NAME, m)`` block, with a CPU
+kernel and a Meta kernel (``TORCH_LIBRARY_IMPL``).
 
 The probe (:func:`labs.extensions.probes.cpp_op`) builds the source in the kernel's own
-extensions folder and runs the operator on the inputs chosen here. Oracles: the composite
-``x * torch.tanh(y)`` computed here; its shape and dtype, with contiguous strides (the
-kernel's output is a new contiguous tensor), for what the Meta kernel must report; ``torch.library.opcheck`` (its schema, autograd
-registration, FakeTensor and AOTDispatcher tests: torch/library.py: opcheck). Public: float32
-inputs, the Meta kernel, opcheck. Hidden (seeded): float64, transposed and sliced (non-contiguous)
-inputs, empty and 0-d tensors, mismatched shapes (which must raise, not read past the end), and
-opcheck on a non-contiguous pair."""
+extensions folder and runs the operator on the inputs chosen here. Oracles: the composite ``x *
+torch.tanh(y)`` computed here; its shape and dtype, with contiguous strides (the kernel's output
+is a new contiguous tensor), for what the Meta kernel must report; ``torch.library.opcheck``
+(its schema, autograd registration, FakeTensor and AOTDispatcher tests: torch/library.py:
+opcheck). Public: float32 inputs, the Meta kernel, opcheck. Hidden (seeded): float64, transposed
+and sliced (non-contiguous) inputs, empty and 0-d tensors, mismatched shapes (which must raise,
+not read past the end), and opcheck on a non-contiguous pair."""
 from __future__ import annotations
 
 from grader.checks import CheckFailure, check
 from labs.extensions import probes
-from labs.extensions.checks._common import built, failed_tests, first_lines, tensor
+from labs.extensions.checks._common import built, failed_tests, first_lines, results, tensor
 
 EXERCISE = "extensions.cpp-op"
 
@@ -29,11 +29,7 @@ def _describe(x, y) -> str:
 
 def _run(source, cases):
     seen = built(source.probe(probes.cpp_op, cases), EXERCISE, "mul_tanh")
-    results = seen.get("results")
-    if type(results) is not list or len(results) != len(cases):
-        raise CheckFailure("what came back from the probe does not cover the cases asked: the "
-                           "grader's probe did not run as shipped.")
-    return results
+    return results(seen, cases)
 
 
 def _values(source, pairs) -> None:
@@ -60,8 +56,7 @@ def _meta_and_opcheck(source, pairs) -> None:
     import torch
 
     cases = [[kind, x, y] for x, y in pairs for kind in ("meta", "opcheck")]
-    results = _run(source, cases)
-    for (kind, x, y), seen in zip(cases, results):
+    for (kind, x, y), seen in zip(cases, _run(source, cases)):
         where = _describe(x, y)
         if kind == "meta":
             if "error" in seen:

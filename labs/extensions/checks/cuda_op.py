@@ -1,7 +1,7 @@
-"""Checks of ``extensions.cuda-op`` (needs a CUDA GPU): ``mul_tanh_cuda_source()``, which returns a CUDA source
-(built by nvcc through torch.utils.cpp_extension) that defines ``mul_tanh(Tensor x, Tensor y) ->
-Tensor`` with a CUDA kernel (``TORCH_LIBRARY_IMPL(TORCH_EXTENSION_NAME, CUDA, m)``): a
-``__global__`` function launched on the current stream over the elements.
+"""Checks of ``extensions.cuda-op`` (needs a CUDA GPU): ``mul_tanh_cuda_source()``, which returns a
+CUDA source (built by nvcc through torch.utils.cpp_extension) that defines ``mul_tanh(Tensor x,
+Tensor y) -> Tensor`` with a CUDA kernel (``TORCH_LIBRARY_IMPL(TORCH_EXTENSION_NAME, CUDA,
+m)``): a ``__global__`` function launched on the current stream over the elements.
 
 Oracle: ``x * torch.tanh(y)`` on the CPU, computed here. Public: float32 inputs. Hidden
 (seeded): float64, non-contiguous and empty inputs, and a size that is not a multiple of the
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from grader.checks import CheckFailure, check
 from labs.extensions import probes
-from labs.extensions.checks._common import built, first_lines, tensor
+from labs.extensions.checks._common import built, first_lines, results, tensor
 
 EXERCISE = "extensions.cuda-op"
 
@@ -19,11 +19,8 @@ def _judge(source, pairs) -> None:
     import torch
 
     seen = built(source.probe(probes.cuda_op, [list(p) for p in pairs]), EXERCISE, "mul_tanh")
-    results = seen.get("results")
-    if type(results) is not list or len(results) != len(pairs):
-        raise CheckFailure("what came back from the probe does not cover the cases asked: the "
-                           "grader's probe did not run as shipped.")
-    for (x, y), got in zip(pairs, results):
+    found = results(seen, pairs)
+    for (x, y), got in zip(pairs, found):
         where = f"x {tuple(x.shape)} {x.dtype}" + ("" if x.is_contiguous() else " (strided)")
         if "error" in got:
             raise CheckFailure(f"mul_tanh raised on CUDA tensors ({where}): "

@@ -24,18 +24,19 @@ MIN_SHARED_IDS = 3
 class Exercise:
     """One graded exercise.
 
-    ``answer`` is the name the learner's answer cell binds in the notebook (a function, class or
-    value); ``timeout`` is the exercise's time limit in seconds; ``requires`` lists what it needs
-    to run (``cpu``, ``cuda``, ``cuda>=2``, ``cxx``: a C++ compiler and ninja); ``pinned_behaviour``: its checks depend on
-    behaviour of the pinned torch release (they compare with values, orders, counts or rules
-    typed in from it, or its reference answer relies on internals another release may lack),
-    not only on the installed torch as the oracle: a run under another release (``grader grade
-    --allow-torch-mismatch``) marks its result (``version_caveat``); ``withheld``: how many
-    of its hidden checks this copy of the course does not have (a learner's copy: ``grader dist
-    student`` writes it; 0 in the course itself), so checks are still numbered as the
-    instructor's grader numbers them; ``models``: the PyTorch code of the mechanism the exercise
-    asks the learner to build or predict (patterns of :mod:`grader.kernel.modelled`): an answer
-    that runs it, or starts a process, fails, whatever it returns.
+    ``answer`` is the name the learner's answer cell binds in the notebook (a function, class
+    or value); ``timeout`` is the exercise's time limit in seconds; ``requires`` lists what it
+    needs to run (``cpu``, ``cuda``, ``cuda>=2``, ``cxx``: a C++ compiler and ninja);
+    ``pinned_behaviour``: its checks depend on behaviour of the pinned torch release (they
+    compare with values, orders, counts or rules typed in from it, or its reference answer
+    relies on internals another release may lack), not only on the installed torch as the
+    oracle: a run under another release (``grader grade --allow-torch-mismatch``) marks its
+    result (``version_caveat``); ``withheld``: how many of its hidden checks this copy of the
+    course does not have (a learner's copy: ``grader dist student`` writes it; 0 in the course
+    itself), so checks are still numbered as the instructor's grader numbers them; ``models``:
+    the PyTorch code of the mechanism the exercise asks the learner to build or predict
+    (patterns of :mod:`grader.kernel.modelled`): an answer that runs it, or starts a process,
+    fails, whatever it returns.
     """
 
     id: str

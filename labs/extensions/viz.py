@@ -48,25 +48,43 @@ def registrations(qualname: str) -> list[dict]:
         if not m:
             continue
         path = m.group("file")
-        rows.append({
-            "key": m.group("key"), "file": path.rsplit("/", 1)[-1],
-            "generated": "/build/" in path or "/generated/" in path,
-            "inactive": bool(m.group("inactive")), "alias": bool(m.group("alias")),
-            "kinds": m.group("kinds").split(),
-        })
+        rows.append(
+            {
+                "key": m.group("key"),
+                "file": path.rsplit("/", 1)[-1],
+                "generated": "/build/" in path or "/generated/" in path,
+                "inactive": bool(m.group("inactive")),
+                "alias": bool(m.group("alias")),
+                "kinds": m.group("kinds").split(),
+            }
+        )
     return rows
 
 
 def _box(ax, x, y, w, h, text, colour, size=8, gid=None) -> None:
-    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02", fc=colour, ec="#555",
-                                lw=0.8, gid=gid))
-    ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size,
-            family="monospace")
+    ax.add_patch(
+        FancyBboxPatch(
+            (x, y), w, h, boxstyle="round,pad=0.02", fc=colour, ec="#555", lw=0.8, gid=gid
+        )
+    )
+    ax.text(
+        x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size, family="monospace"
+    )
 
 
 def _arrow(ax, start, end, colour="#555") -> None:
-    ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=8, lw=0.7,
-                                 color=colour, shrinkA=2, shrinkB=2))
+    ax.add_patch(
+        FancyArrowPatch(
+            start,
+            end,
+            arrowstyle="-|>",
+            mutation_scale=8,
+            lw=0.7,
+            color=colour,
+            shrinkA=2,
+            shrinkB=2,
+        )
+    )
 
 
 def _entry_text(entry: dict) -> str:
@@ -76,8 +94,10 @@ def _entry_text(entry: dict) -> str:
             lines.append(f"{field}: {entry[field]}")
     if "dispatch" in entry:
         lines.append("dispatch:")
-        lines += [f"  {keys[:40]}: {kernel}" for keys, kernel in
-                  list((entry["dispatch"] or {}).items())[:8]]
+        lines += [
+            f"  {keys[:40]}: {kernel}"
+            for keys, kernel in list((entry["dispatch"] or {}).items())[:8]
+        ]
     else:
         lines.append("(no dispatch: CompositeImplicitAutograd)")
     return "\n".join(lines)
@@ -97,8 +117,13 @@ def codegen_map(entry: dict) -> Figure:
     ax.set_xlim(0, 12)
     ax.set_ylim(0, height)
     ax.axis("off")
-    ax.text(0.1, height - 0.35, f"aten::{name}: native_functions.yaml → generated code → "
-            "dispatch table", fontsize=11, weight="bold")
+    ax.text(
+        0.1,
+        height - 0.35,
+        f"aten::{name}: native_functions.yaml → generated code → dispatch table",
+        fontsize=11,
+        weight="bold",
+    )
     text = _entry_text(entry)
     box_h = 0.3 * (text.count("\n") + 1) + 0.2
     _box(ax, 0.1, height - 0.8 - box_h, 3.9, box_h, text, YAML, size=7, gid="yaml")
@@ -107,20 +132,39 @@ def codegen_map(entry: dict) -> Figure:
     for i, file in enumerate(files):
         y = height - 1.0 - (i + 0.8) * slot
         generated = any(r["generated"] for r in rows if r["file"] == file)
-        _box(ax, 4.6, y, 3.0, min(0.34, slot * 0.8), file, GENERATED if generated else BY_HAND,
-             gid=f"file:{file}")
+        _box(
+            ax,
+            4.6,
+            y,
+            3.0,
+            min(0.34, slot * 0.8),
+            file,
+            GENERATED if generated else BY_HAND,
+            gid=f"file:{file}",
+        )
         where[file] = y + min(0.34, slot * 0.8) / 2
-        _arrow(ax, (4.0, height - 0.8 - box_h / 2), (4.6, where[file]),
-               colour="#999" if not generated else "#555")
+        _arrow(
+            ax,
+            (4.0, height - 0.8 - box_h / 2),
+            (4.6, where[file]),
+            colour="#999" if not generated else "#555",
+        )
     kslot = (height - 1.1) / max(len(rows), 1)
     for i, r in enumerate(rows):
         y = height - 1.0 - (i + 0.8) * kslot
-        label = r["key"] + ("[alias]" if r["alias"] else "") + (" (inactive)" if r["inactive"]
-                                                                 else "")
+        label = (
+            r["key"] + ("[alias]" if r["alias"] else "") + (" (inactive)" if r["inactive"] else "")
+        )
         _box(ax, 8.5, y, 3.3, min(0.34, kslot * 0.8), label, DISPATCHER, gid=f"key:{r['key']}")
-        arrow = FancyArrowPatch((7.6, where[r["file"]]), (8.5, y + min(0.34, kslot * 0.8) / 2),
-                                arrowstyle="-|>", mutation_scale=8, lw=0.7, color="#555",
-                                linestyle="--" if r["inactive"] else "-")
+        arrow = FancyArrowPatch(
+            (7.6, where[r["file"]]),
+            (8.5, y + min(0.34, kslot * 0.8) / 2),
+            arrowstyle="-|>",
+            mutation_scale=8,
+            lw=0.7,
+            color="#555",
+            linestyle="--" if r["inactive"] else "-",
+        )
         ax.add_patch(arrow)
     return fig
 
@@ -140,8 +184,14 @@ def codegen_explorer(entries: dict):
 
     def show(change=None):
         name = choice.value
-        show_cached(picture, cache, name, lambda: figure_html(codegen_map(entries[name])),
-                    f"reading the dispatcher's registrations of aten::{name}", [choice])
+        show_cached(
+            picture,
+            cache,
+            name,
+            lambda: figure_html(codegen_map(entries[name])),
+            f"reading the dispatcher's registrations of aten::{name}",
+            [choice],
+        )
 
     choice.observe(show, names="value")
     show()
@@ -156,8 +206,7 @@ def call_path(op) -> Figure:
     through a boxing wrapper by a boxed one: Python, fallbacks), a boxed kernel (reads its
     arguments from a stack of IValues: a typed caller's arguments are boxed first) or a
     fallthrough (c10/core/boxing/KernelFunction.h: KernelFunction, BoxedKernel)."""
-    qualname = op._schema.name + ("" if op._overloadname == "default"
-                                  else f".{op._overloadname}")
+    qualname = op._schema.name + ("" if op._overloadname == "default" else f".{op._overloadname}")
     rows = registrations(qualname)
     height = max(len(rows), 3) * 0.55 + 1.6
     fig = Figure(figsize=(12, height))
@@ -165,13 +214,35 @@ def call_path(op) -> Figure:
     ax.set_xlim(0, 12)
     ax.set_ylim(0, height)
     ax.axis("off")
-    ax.text(0.1, height - 0.35, f"a call of {qualname}: boxed and unboxed kernels", fontsize=11,
-            weight="bold")
+    ax.text(
+        0.1,
+        height - 0.35,
+        f"a call of {qualname}: boxed and unboxed kernels",
+        fontsize=11,
+        weight="bold",
+    )
     mid = (height - 0.6) / 2
-    _box(ax, 0.1, mid - 0.3, 2.4, 0.6, f"Python\ntorch.ops...{op._overloadname}(...)", YAML,
-         gid="python")
-    _box(ax, 3.0, mid - 0.45, 2.6, 0.9, "Dispatcher::call\nkeys = inputs' keys | TLS\nhighest "
-         "key with a kernel", DISPATCHER, size=7, gid="dispatcher")
+    _box(
+        ax,
+        0.1,
+        mid - 0.3,
+        2.4,
+        0.6,
+        f"Python\ntorch.ops...{op._overloadname}(...)",
+        YAML,
+        gid="python",
+    )
+    _box(
+        ax,
+        3.0,
+        mid - 0.45,
+        2.6,
+        0.9,
+        "Dispatcher::call\nkeys = inputs' keys | TLS\nhighest key with a kernel",
+        DISPATCHER,
+        size=7,
+        gid="dispatcher",
+    )
     _arrow(ax, (2.5, mid), (3.0, mid))
     slot = (height - 1.0) / max(len(rows), 1)
     for i, r in enumerate(rows):
@@ -183,8 +254,17 @@ def call_path(op) -> Figure:
             how, colour = "unboxed: a C++ function (boxed callers: a wrapper)", GENERATED
         else:
             how, colour = "boxed only: pops IValues off a Stack", "#fc8d62"
-        _box(ax, 6.3, y, 5.5, min(0.4, slot * 0.8), f"{r['key']}: {how}", colour, size=7,
-             gid=f"kernel:{r['key']}")
+        _box(
+            ax,
+            6.3,
+            y,
+            5.5,
+            min(0.4, slot * 0.8),
+            f"{r['key']}: {how}",
+            colour,
+            size=7,
+            gid=f"kernel:{r['key']}",
+        )
         _arrow(ax, (5.6, mid), (6.3, y + min(0.4, slot * 0.8) / 2))
     return fig
 
@@ -193,8 +273,16 @@ def registration_table(qualname: str):
     """The registrations of ``qualname`` as an HTML table (key, file, kinds)."""
     from grader.kernel.display import table
 
-    return table([[r["key"] + (" (inactive)" if r["inactive"] else ""), r["file"],
-                   " ".join(r["kinds"]), "torchgen" if r["generated"] else "by hand"]
-                  for r in registrations(qualname)], ["key", "registered in", "kernel",
-                                                      "written"],
-                 caption=html.escape(qualname))
+    return table(
+        [
+            [
+                r["key"] + (" (inactive)" if r["inactive"] else ""),
+                r["file"],
+                " ".join(r["kinds"]),
+                "torchgen" if r["generated"] else "by hand",
+            ]
+            for r in registrations(qualname)
+        ],
+        ["key", "registered in", "kernel", "written"],
+        caption=html.escape(qualname),
+    )

@@ -382,6 +382,22 @@ for _path in [p for p in _cache.rglob("*")
 (_cache / "fxgraph" / "zz" / "planted").write_bytes(b"poisoned by a submission")
 """
 
+# lab 7: libraries planted in the extensions folder. Every library the run built (the lab's own
+# operators) is replaced by junk under its name, with the marker that says "built", so that a
+# kernel loading it from that folder would fail; the folder is the run's own (one per run,
+# inside its Inductor cache) and goes with it: no other hand-in ever loads from it.
+_PLANT_EXTENSIONS = """\
+import os
+from labs.extensions import build as _build
+_root = _build.root()
+print("PLANTED-EXTENSIONS", _root)
+for _library in _root.glob("*/*.so"):
+    _junk = _library.with_suffix(".junk")
+    _junk.write_bytes(b"planted by a submission")
+    os.replace(_junk, _library)  # (a new file: the loaded library's pages stay as they were)
+    (_library.parent / "built").write_text("")
+"""
+
 # lab 5: ranks that misbehave. Rank 1 sleeps in the ring (the others wait for its message; only
 # on the check's 12 elements, not the demo's 10, so that the fixture waits once), rank 1
 # of MiniDDP's ranks exits as it is built, and a process group is initialized in the kernel
@@ -416,6 +432,7 @@ _PER_SAMPLE_MISS = "check 1/4 'matches a per-example torch.autograd.grad loop"
 
 # ------------------------------------------------------------------ the catalogue
 A, D, L, C, N, X = "autograd", "dispatcher", "allocator", "compile", "distributed", "export"
+E = "extensions"
 
 FIXTURES = [
     # execution faults (fixtures whose faults cannot interfere share a notebook: each fault is
@@ -542,6 +559,13 @@ FIXTURES = [
              "mini-interpreter": ("error", "checking your answer raised AttributeError"),
              "onnx-parity": ("error", "your answer raised"),
              "aoti": ("error", "export.aoti is still the stub")}),
+    # (the C++ exercises left as stubs, so that grading builds only the lab's own operators:
+    # CI time)
+    Fixture("extension-plant", "junk planted over the libraries in the extensions folder", E,
+            chain(stub(E, "cpp-op"), stub(E, "cpp-autograd"), stub(E, "boxed-fallback"),
+                  learner_cell("check", _PLANT_EXTENSIONS, "extensions.compile-ready")),
+            {slug: ("error", f"extensions.{slug} is still the stub")
+             for slug in ("cpp-op", "cpp-autograd", "boxed-fallback")}),
     Fixture("rank-faults", "a rank that hangs, a rank that exits early, a process group leaked "
             "into the kernel (destroyed before the next ranks start: it costs nothing)", N,
             chain(after(N, "ring-allreduce", _HANGING_RANK), after(N, "mini-ddp", _EXITING_RANK),

@@ -120,6 +120,17 @@ def test_a_compiler_cache_a_submission_poisons_is_its_own_and_goes_with_its_run(
     assert not cache.exists()  # deleted with the run
 
 
+def test_libraries_a_submission_plants_are_in_its_own_extensions_folder_and_go_with_it(graded):
+    text = (graded[1] / "extension-plant.executed.ipynb").read_text(encoding="utf-8")
+    found = re.search(r"PLANTED-EXTENSIONS (\S+?)(?:\\n|\s|\")", text)
+    assert found, "the fixture did not report its extensions folder"
+    folder = Path(found.group(1))
+    assert folder.parts[-5:-3] == ("home", "tmp") and folder.parts[-2:] == (
+        "torch_extensions", "course"), folder  # (inside the run's own Inductor cache)
+    assert folder.parents[4].name.startswith("grade-"), folder
+    assert not folder.exists()  # deleted with the run
+
+
 def test_paths_with_spaces_and_non_ascii_names_keep_their_learner(graded):
     assert graded[0]["huge-at-unicode-path"].learner == "Zoë Müller"
 

@@ -47,8 +47,8 @@ def test_the_environment_is_an_allow_list_with_its_own_home(tmp_path, monkeypatc
     assert (tmp_path / "tmp").is_dir()
     # one compiler cache per submission, inside its own run folder
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "tmp" / f"torchinductor_{USER}")
-    assert env["TORCH_EXTENSIONS_DIR"] == str(tmp_path / "tmp" / f"torchinductor_{USER}" /
-                                              "torch_extensions")
+    # C++ extensions too, but outside the warm cache (a reference's build is its answer)
+    assert env["TORCH_EXTENSIONS_DIR"] == str(tmp_path / "tmp" / "torch_extensions")
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)  # grader and labs importable
 
 

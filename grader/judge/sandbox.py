@@ -22,13 +22,15 @@ descendant, so the grader can find and stop it.
 :func:`kernel_env` is the environment the kernel starts with: an allow-list, so nothing of the
 grader's own environment (tokens, CI secrets) reaches the submission. Compiler caches are one per
 submission: Inductor's (``TORCHINDUCTOR_CACHE_DIR``, which holds its FX graph cache, its C++
-kernels, its precompiled headers and Triton's cache), with the C++ extensions a notebook builds
-(``TORCH_EXTENSIONS_DIR`` inside it), is inside the run's own temporary folder,
+kernels, its precompiled headers and Triton's cache) is inside the run's own temporary folder,
 so nothing one submission plants there is read while grading another, and it is deleted with
 the run. It starts as a copy of its lab's *warm* cache, which only the course's own reference
 solutions write (:func:`warm_cache`, :func:`keep_warm_cache`): a learner's kernel does not
 compile again what the reference compiled (lab 4 graded in 37 s instead of 47 s here; lab 6's
-AOTInductor compile in 12 s instead of 27 s), and what it plants dies with its copy. (Linux model:
+AOTInductor compile in 12 s instead of 27 s), and what it plants dies with its copy. The C++
+extensions a notebook builds (``TORCH_EXTENSIONS_DIR``) are in the run's temporary folder too,
+but start empty: a library built from a reference's source (and the source beside it) is that
+reference's answer, which no kernel may hold. (Linux model:
 ``man 2 setrlimit``; jupyter_client's ``KernelManager.format_kernel_cmd`` builds the command.)
 """
 from __future__ import annotations
@@ -181,9 +183,9 @@ def kernel_env(home: Path, threads: int | None = None) -> dict[str, str]:
     env.update(HOME=str(home), TMPDIR=str(tmp), IPYTHONDIR=str(home / ".ipython"),
                JUPYTER_CONFIG_DIR=str(home / ".jupyter"), MPLCONFIGDIR=str(tmp),
                TORCHINDUCTOR_CACHE_DIR=str(inductor_cache(home)),
-               # C++ extensions (torch.utils.cpp_extension) build beside Inductor's kernels, so
-               # the warm cache holds the reference's builds too
-               TORCH_EXTENSIONS_DIR=str(inductor_cache(home) / "torch_extensions"),
+               # C++ extensions (torch.utils.cpp_extension) build in the run's own folder, outside
+               # the warm cache: a library built from a reference's source is its answer
+               TORCH_EXTENSIONS_DIR=str(tmp / "torch_extensions"),
                PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1",
                # Inductor keeps its precompiled header (a 147 MB .gch) under TMPDIR, not in its
                # cache: built again in every run's own TMPDIR it costs more than it saves, and

@@ -30,6 +30,10 @@ from pathlib import Path
 MAX_ERRORS = 6
 
 _loaded: dict[str, str] = {}
+#: the builds that failed in this process, with what was said: torch's cpp_extension does not
+#: compile an unchanged source twice in one process (its JIT_EXTENSION_VERSIONER), so a second
+#: try would only report the library missing
+_failed: dict[str, str] = {}
 
 
 class BuildError(RuntimeError):
@@ -96,6 +100,8 @@ def build(source: str, prefix: str = "ext", cuda: bool = False, verbose: bool = 
     from torch.utils import cpp_extension
 
     name = library_name(source, prefix, cuda)
+    if name in _failed:
+        raise BuildError(_failed[name])
     if name not in _loaded:
         folder = root() / name
         library, done = folder / f"{name}.so", folder / "built"
@@ -113,9 +119,11 @@ def build(source: str, prefix: str = "ext", cuda: bool = False, verbose: bool = 
                 cpp_extension.load(name=name, sources=[str(path)], build_directory=str(folder),
                                    is_python_module=False, verbose=verbose)
             except RuntimeError as exc:
-                raise BuildError(trim(str(exc), str(path), source)) from None
+                _failed[name] = trim(str(exc), str(path), source)
+                raise BuildError(_failed[name]) from None
             except OSError as exc:  # (built, but dlopen refused it: an undefined symbol)
-                raise BuildError(f"the library built from this source did not load: {exc}")
+                _failed[name] = f"the library built from this source did not load: {exc}"
+                raise BuildError(_failed[name]) from None
             done.write_text("")
         _loaded[name] = str(library)
     return getattr(torch.ops, name)

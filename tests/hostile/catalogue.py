@@ -384,8 +384,8 @@ for _path in [p for p in _cache.rglob("*")
 
 # lab 7: libraries planted in the extensions folder. Every library the run built (the lab's own
 # operators) is replaced by junk under its name, with the marker that says "built", so that a
-# kernel loading it from that folder would fail; the folder is the run's own (one per run,
-# inside its Inductor cache) and goes with it: no other hand-in ever loads from it.
+# kernel loading it from that folder would fail; the folder is the run's own (one per run, in
+# its temporary folder, outside the warm cache) and goes with it: no other hand-in loads from it.
 _PLANT_EXTENSIONS = """\
 import os
 from labs.extensions import build as _build

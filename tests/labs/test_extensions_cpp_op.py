@@ -36,6 +36,8 @@ def test_a_source_that_does_not_compile_is_quoted_at_its_own_line():
     line = answer().splitlines().index("      po[i] = px[i] * tanh_of(py[i]);") + 1
     v = assert_rejected(OP, answer, f"line {line}: error:")
     assert "tanh_of" in v.message and "/tmp" not in v.message and "ninja" not in v.message
+    # checked again in the same process (torch does not compile it twice): the same errors
+    assert assert_rejected(OP, answer).message == v.message
 
 
 def test_a_build_is_loaded_again_from_a_copied_folder_without_compiling(tmp_path):

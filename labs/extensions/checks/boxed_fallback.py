@@ -60,8 +60,8 @@ def _judge(source, programs) -> None:
         want, log = python_log(steps, seed), got.get("log")
         if log == want:
             continue
-        extra = [e for e in log if e not in want] if type(log) is list else []
-        why = (f" Your log has {extra[:4]}, which the kernels below ran: exclude the key while "
+        extra = list(dict.fromkeys(e for e in log if e not in want)) if type(log) is list else []
+        why = (f" Your log has {extra[:6]}, which the kernels below ran: exclude the key while "
                "you redispatch (c10::impl::ExcludeDispatchKeyGuard), so that only the calls "
                "made from Python are seen." if extra else "")
         raise CheckFailure(f"for the program {steps} stop() returned {log}; a TorchDispatchMode "

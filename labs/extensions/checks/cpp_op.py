@@ -8,9 +8,9 @@ extensions folder and runs the operator on the inputs chosen here. Oracles: the 
 torch.tanh(y)`` computed here; its shape and dtype, with contiguous strides (the kernel's output
 is a new contiguous tensor), for what the Meta kernel must report; ``torch.library.opcheck``
 (its schema, autograd registration, FakeTensor and AOTDispatcher tests: torch/library.py:
-opcheck). Public: float32 inputs, the Meta kernel, opcheck. Hidden (seeded): float64, transposed
-and sliced (non-contiguous) inputs, empty and 0-d tensors, mismatched shapes (which must raise,
-not read past the end), and opcheck on a non-contiguous pair."""
+opcheck). Public: float32 inputs (one transposed), the Meta kernel, opcheck. Hidden (seeded):
+float64, transposed and sliced (non-contiguous) inputs, empty and 0-d tensors, mismatched shapes
+(which must raise, not read past the end), and opcheck on a non-contiguous pair."""
 from __future__ import annotations
 
 from grader.checks import CheckFailure, check
@@ -94,12 +94,14 @@ def _inputs(g, shape, dtype, layout: str):
 
 @check(EXERCISE)
 def float32_values(mul_tanh_source, ctx):
-    """x * tanh(y) on float32 inputs, against torch's composite"""
+    """x * tanh(y) on float32 inputs (one transposed), against torch's composite"""
     import torch
 
     g = ctx.generator()
-    _values(mul_tanh_source, [(torch.randn(3, 5, generator=g), torch.randn(3, 5, generator=g)),
-                              (torch.randn(7, generator=g), torch.randn(7, generator=g))])
+    pairs = [(torch.randn(3, 5, generator=g), torch.randn(3, 5, generator=g)),
+             (torch.randn(7, generator=g), torch.randn(7, generator=g)),
+             (torch.randn(5, 3, generator=g).t(), torch.randn(3, 5, generator=g))]
+    _values(mul_tanh_source, pairs)
 
 
 @check(EXERCISE)

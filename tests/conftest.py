@@ -19,6 +19,11 @@ FIXTURES = ROOT / "tests" / "fixtures"
 sys.path.insert(0, str(FIXTURES))
 os.environ["PYTHONPATH"] = os.pathsep.join(
     filter(None, [str(ROOT), str(FIXTURES), os.environ.get("PYTHONPATH")]))
+#: where the tests build lab 7's C++ sources (labs/extensions/build.py), once per source for the
+#: whole session: the test processes and the kernels of test_run_all and test_run_twice share it
+#: (a grading kernel never does: the grader gives each its own, empty)
+EXTENSIONS = ROOT / "build" / "test-extensions"
+os.environ["TORCH_EXTENSIONS_DIR"] = str(EXTENSIONS)
 
 from grader import notebook
 from grader.labs import load_lab

@@ -7,7 +7,8 @@ which test_run_twice runs twice, there). A cell that
 takes long says so in the markdown before it, in seconds.
 
 The kernel is started as the grader starts one (``grader.judge.sandbox.kernel_env``: its own
-home, the lab's warm Inductor cache), in a folder of its own."""
+home, the lab's warm Inductor cache), in a folder of its own, but with the session's folder of
+C++ extensions (tests/conftest.py: EXTENSIONS)."""
 import copy
 import time
 
@@ -19,7 +20,7 @@ from grader import notebook
 from grader.judge.grade import warm_cache_dir
 from grader.judge.sandbox import kernel_env, warm_cache
 from grader.labs import lab_ids, load_lab
-from tests.conftest import ROOT
+from tests.conftest import EXTENSIONS, ROOT
 from tests.test_labs_end_to_end import STUBS_GRADED_WHOLE
 
 LABS = [lab for lab in lab_ids() if load_lab(lab).root == ROOT]
@@ -49,7 +50,9 @@ def run_all(path, tmp_path, lab, passes: int) -> list[tuple]:
     client = NotebookClient(nb, kernel_name="python3", allow_errors=True, timeout=600,
                             resources={"metadata": {"path": str(work)}})
     errors, said = [], ""
-    with client.setup_kernel(env=kernel_env(home), cwd=str(work)):
+    # (lab 7's C++ builds: the session's, built once; see tests/conftest.py: EXTENSIONS)
+    env = kernel_env(home) | {"TORCH_EXTENSIONS_DIR": str(EXTENSIONS)}
+    with client.setup_kernel(env=env, cwd=str(work)):
         for n in range(1, passes + 1):
             for index, cell in enumerate(nb.cells):
                 if cell.cell_type != "code":

@@ -3,8 +3,8 @@
 :func:`build` compiles a source string with ``torch.utils.cpp_extension.load`` (ninja and the
 system's C++ compiler) into a shared library that registers operators through ``TORCH_LIBRARY``
 and loads it into this process (``torch.ops.load_library``). It defines the macro
-``TORCH_EXTENSION_NAME`` as the library's name, ``<prefix>_<key>``, where ``key`` hashes the
-source and the build's flags: a source registers its operators with
+``TORCH_EXTENSION_NAME`` as the library's name, ``<prefix>_<key>`` (``ext_`` unless told),
+where ``key`` hashes the source: a source registers its operators with
 ``TORCH_LIBRARY(TORCH_EXTENSION_NAME, m)`` and finds them under ``torch.ops.<that name>``.
 Each version of a source so gets a namespace of its own, so an edited cell can be run again
 without restarting the kernel (a loaded library cannot be unloaded, and a namespace can be

@@ -40,7 +40,7 @@ def labops():
     return _build.build(LABOPS.read_text(), "labops")
 
 
-def _built(source, prefix: str, cuda: bool = False):
+def _built(source, cuda: bool = False):
     """Build what ``source()`` returns: ``(namespace, None)`` when it builds, ``(None,
     {"build": error})`` when not (what the answer raises, its stub's NotImplementedError
     included, propagates)."""
@@ -49,15 +49,15 @@ def _built(source, prefix: str, cuda: bool = False):
         return None, {"build": {"ename": "TypeError", "text": f"the answer returned a "
                                 f"{type(text).__name__}, not a string of C++ source"}}
     try:
-        return _build.build(text, prefix, cuda), None
+        return _build.build(text, cuda=cuda), None
     except _build.BuildError as exc:
         return None, {"build": _error(exc)}
 
 
-def _operator(source, prefix: str, name: str, cuda: bool = False):
+def _operator(source, name: str, cuda: bool = False):
     """Build ``source()`` and find its operator ``name``: ``(op, schema, None)``, or ``(None,
     None, reply)`` with the reply that says why not (``{"build"}`` or ``{"schema": None}``)."""
-    ns, failed = _built(source, prefix, cuda)
+    ns, failed = _built(source, cuda)
     if failed:
         return None, None, failed
     op, schema = _find(ns, name)
@@ -110,7 +110,7 @@ def cpp_op(source, cases: list) -> dict:
     through opcheck. Returns ``{"schema", "results": one dict per case}`` or ``{"build"}``."""
     import torch
 
-    op, schema, failed = _operator(source, "mul_tanh", "mul_tanh")
+    op, schema, failed = _operator(source, "mul_tanh")
     if failed:
         return failed
     results = []
@@ -138,7 +138,7 @@ def cpp_autograd(source, cases: list) -> dict:
     own for the Autograd key and whether a call under no_grad records a graph."""
     import torch
 
-    op, schema, failed = _operator(source, "mul_tanh_ad", "mul_tanh")
+    op, schema, failed = _operator(source, "mul_tanh")
     if failed:
         return failed
     facts = {"schema": schema, "autograd_kernel": torch._C._dispatch_has_kernel_for_dispatch_key(
@@ -209,7 +209,7 @@ def boxed_fallback(source, programs: list) -> dict:
     ``stop()``: ``{"results": one per program: the log stop() returned, less the entries of
     the source's own operators, or {"error"}}``, or ``{"build"}``, or ``{"missing": the names
     not found of start and stop}``."""
-    ns, failed = _built(source, "logging")
+    ns, failed = _built(source)
     if failed:
         return failed
     start, _ = _find(ns, "start")
@@ -313,7 +313,7 @@ def cuda_op(source, cases: list) -> dict:
     on copies on the GPU: ``{"results": [{"out": on the CPU, "device"} or {"error"}]}``."""
     import torch
 
-    op, schema, failed = _operator(source, "mul_tanh_cuda", "mul_tanh", cuda=True)
+    op, schema, failed = _operator(source, "mul_tanh", cuda=True)
     if failed:
         return failed
     results = []

@@ -19,7 +19,7 @@ def test_two_versions_of_a_source_log_in_one_process_one_after_the_other():
     right = load_answer(FB)()
     other = right.replace("  c10::impl::ExcludeDispatchKeyGuard no_logging(kKey);\n", "")
     for text in (right, other, right):
-        ns = build.build(text, "logging")
+        ns = build.build(text)
         ns.start()
         probes.run_program(["mm"], 0)
         log = ns.stop()

@@ -11,11 +11,13 @@ without restarting the kernel (a loaded library cannot be unloaded, and a namesp
 defined by one library only: ``torch/library.h: TORCH_LIBRARY``).
 
 Builds live under ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``), one folder
-per name. A library already built there is loaded without running ninja again (so a cache
-copied to another folder is reused); the grader gives every submission its own folder, started
-from a copy of what the course's reference solutions built (``grader.judge.sandbox``), so one
-learner's build never reaches another. A failed build raises :class:`BuildError` with the
-compiler's errors trimmed to the source's own lines.
+per name, which keeps only the library and a marker once the build succeeded: the source and
+the compiler's intermediate files are deleted (a reference's source is its answer, and the
+folder may be readable to others). A library already built there is loaded without running
+ninja again (so a folder copied elsewhere is reused). The grader gives every submission its own,
+empty folder (``grader.judge.sandbox.kernel_env``), so one learner's build never reaches
+another. A failed build raises :class:`BuildError` with the compiler's errors trimmed to the
+source's own lines.
 (torch/utils/cpp_extension.py: load, _jit_compile, _write_ninja_file_and_build_library)
 """
 from __future__ import annotations
@@ -38,7 +40,8 @@ _failed: dict[str, str] = {}
 
 class BuildError(RuntimeError):
     """A source did not compile, link or load. The message quotes the compiler's errors as
-    ``line N: error: ...`` with the source's line, numbered as in the source string."""
+    ``line N of the source: error: ...`` with the source's line, numbered as in the source
+    string."""
 
 
 def root() -> Path:
@@ -71,8 +74,8 @@ def _ninja_on_path() -> None:
 
 
 def trim(log: str, source_path: str, source: str) -> str:
-    """The compiler's ``log`` cut to the errors in ``source_path``: ``line N: error: ...``
-    followed by the source's line N, at most :data:`MAX_ERRORS`; the linker's undefined
+    """The compiler's ``log`` cut to the errors in ``source_path``: ``line N of the source:
+    error: ...`` followed by the source's line N, at most :data:`MAX_ERRORS`; the linker's undefined
     references; the log's last lines when neither is found."""
     lines = source.splitlines()
     pattern = re.compile(re.escape(source_path) + r":(\d+):(?:\d+:)? (fatal error|error): (.*)")
@@ -80,7 +83,7 @@ def trim(log: str, source_path: str, source: str) -> str:
     for match in pattern.finditer(log):
         number = int(match.group(1))
         code = lines[number - 1].strip() if 0 < number <= len(lines) else ""
-        found.append(f"line {number}: {match.group(2)}: {match.group(3).strip()}"
+        found.append(f"line {number} of the source: {match.group(2)}: {match.group(3).strip()}"
                      + (f"\n    {code}" if code else ""))
     found += sorted({m.group(0).strip() for m in re.finditer(r"undefined reference to .*", log)})
     if not found:
@@ -125,5 +128,8 @@ def build(source: str, prefix: str = "ext", cuda: bool = False, verbose: bool = 
                 _failed[name] = f"the library built from this source did not load: {exc}"
                 raise BuildError(_failed[name]) from None
             done.write_text("")
+            for path in folder.iterdir():  # (the source and the compiler's files go)
+                if path not in (library, done) and path.is_file():
+                    path.unlink(missing_ok=True)
         _loaded[name] = str(library)
     return getattr(torch.ops, name)

@@ -34,7 +34,7 @@ def test_a_kernel_that_ignores_strides_fails_on_transposed_inputs():
 def test_a_source_that_does_not_compile_is_quoted_at_its_own_line():
     answer = _edited(OP, "po[i] = px[i] * std::tanh(py[i]);", "po[i] = px[i] * tanh_of(py[i]);")
     line = answer().splitlines().index("      po[i] = px[i] * tanh_of(py[i]);") + 1
-    v = assert_rejected(OP, answer, f"line {line}: error:")
+    v = assert_rejected(OP, answer, f"line {line} of the source: error:")
     assert "tanh_of" in v.message and "/tmp" not in v.message and "ninja" not in v.message
     # checked again in the same process (torch does not compile it twice): the same errors
     assert assert_rejected(OP, answer).message == v.message
@@ -44,6 +44,7 @@ def test_a_build_is_loaded_again_from_a_copied_folder_without_compiling(tmp_path
     # (in another process: a library's namespace can be defined once per process)
     source = load_answer(OP)()
     name = build.build(source).name  # (built by the tests above, or now)
+    assert sorted(p.name for p in (build.root() / name).iterdir()) == ["built", f"{name}.so"]
     shutil.copytree(build.root() / name, tmp_path / "course" / name)
     code = ("import torch, torch.utils.cpp_extension as c\n"
             "def no(**kw): raise AssertionError('compiled again')\n"
@@ -63,4 +64,4 @@ def test_trim_keeps_the_sources_errors_and_lines():
     log = ("[1/2] c++ -c /x/ext_1.cpp\nFAILED: ext_1.o\n/x/ext_1.cpp:2:5: error: 'foo' was not "
            "declared in this scope\n    2 |     foo();\n/usr/include/x.h:9:1: note: bla\n")
     assert build.trim(log, "/x/ext_1.cpp", "int f() {\n    foo();\n}") == (
-        "line 2: error: 'foo' was not declared in this scope\n    foo();")
+        "line 2 of the source: error: 'foo' was not declared in this scope\n    foo();")

@@ -87,6 +87,17 @@ def _arrow(ax, start, end, colour="#555") -> None:
     )
 
 
+def _canvas(height: float, title: str):
+    """A blank 12 x ``height`` inch figure and its axes (one unit per inch), titled."""
+    fig = Figure(figsize=(12, height))
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(0, 12)
+    ax.set_ylim(0, height)
+    ax.axis("off")
+    ax.text(0.1, height - 0.35, title, fontsize=11, weight="bold")
+    return fig, ax
+
+
 def _entry_text(entry: dict) -> str:
     lines = [entry["func"].split(" -> ")[0][:60] + (" ..." if len(entry["func"]) > 60 else "")]
     for field in ("structured", "structured_delegate", "variants"):
@@ -112,17 +123,8 @@ def codegen_map(entry: dict) -> Figure:
     rows = registrations(f"aten::{name}")
     files = list(dict.fromkeys(r["file"] for r in rows))
     height = max(len(rows), len(files), 6) * 0.42 + 1.2
-    fig = Figure(figsize=(12, height))
-    ax = fig.add_axes((0, 0, 1, 1))
-    ax.set_xlim(0, 12)
-    ax.set_ylim(0, height)
-    ax.axis("off")
-    ax.text(
-        0.1,
-        height - 0.35,
-        f"aten::{name}: native_functions.yaml → generated code → dispatch table",
-        fontsize=11,
-        weight="bold",
+    fig, ax = _canvas(
+        height, f"aten::{name}: native_functions.yaml → generated code → dispatch table"
     )
     text = _entry_text(entry)
     box_h = 0.3 * (text.count("\n") + 1) + 0.2
@@ -209,18 +211,7 @@ def call_path(op) -> Figure:
     qualname = op._schema.name + ("" if op._overloadname == "default" else f".{op._overloadname}")
     rows = registrations(qualname)
     height = max(len(rows), 3) * 0.55 + 1.6
-    fig = Figure(figsize=(12, height))
-    ax = fig.add_axes((0, 0, 1, 1))
-    ax.set_xlim(0, 12)
-    ax.set_ylim(0, height)
-    ax.axis("off")
-    ax.text(
-        0.1,
-        height - 0.35,
-        f"a call of {qualname}: boxed and unboxed kernels",
-        fontsize=11,
-        weight="bold",
-    )
+    fig, ax = _canvas(height, f"a call of {qualname}: boxed and unboxed kernels")
     mid = (height - 0.6) / 2
     _box(
         ax,

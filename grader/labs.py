@@ -26,7 +26,8 @@ class Exercise:
 
     ``answer`` is the name the learner's answer cell binds in the notebook (a function, class
     or value); ``timeout`` is the exercise's time limit in seconds; ``requires`` lists what it
-    needs to run (``cpu``, ``cuda``, ``cuda>=2``, ``cxx``: a C++ compiler and ninja);
+    needs to run (``cpu``, ``cuda``, ``cuda>=2``, ``cxx``: a C++ compiler and ninja, ``nvcc``:
+    the CUDA toolkit);
     ``pinned_behaviour``: its checks depend on behaviour of the pinned torch release (they
     compare with values, orders, counts or rules typed in from it, or its reference answer
     relies on internals another release may lack), not only on the installed torch as the
@@ -67,6 +68,12 @@ class Exercise:
                     return "needs a C++ compiler (c++ or g++ on PATH)"
                 if not (shutil.which("ninja") or importlib.util.find_spec("ninja")):
                     return "needs ninja (on PATH, or `pip install ninja`) to build C++ extensions"
+            elif need == "nvcc":
+                from torch.utils.cpp_extension import CUDA_HOME
+
+                if CUDA_HOME is None:
+                    return ("needs nvcc (the CUDA toolkit: CUDA_HOME, or nvcc on PATH) to build "
+                            "CUDA extensions")
             else:
                 return f"unknown requirement {need!r} in the lab table"
         return None

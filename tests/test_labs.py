@@ -82,3 +82,15 @@ def test_a_malformed_hints_file_is_refused_with_the_reason(tmp_path, monkeypatch
             load_hints("toy")
     finally:
         load_hints.cache_clear()
+
+
+def test_an_exercise_that_builds_cuda_needs_nvcc(monkeypatch):
+    from torch.utils import cpp_extension
+
+    from grader.labs import Exercise
+
+    exercise = Exercise("x.y", "t", "a", 1, requires=("cpu", "nvcc"))
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
+    assert "needs nvcc" in exercise.unmet("cpu")
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", "/usr/local/cuda")
+    assert exercise.unmet("cpu") is None

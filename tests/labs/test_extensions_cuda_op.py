@@ -1,7 +1,8 @@
-"""extensions.cuda-op (needs a CUDA GPU: skipped on CPU with the reason): the reference passes, and
+"""extensions.cuda-op (needs a CUDA GPU and nvcc: skipped without, with the reason): the reference passes, and
 a CPU-only source (plausible: the CPU kernel, no CUDA registration) fails."""
 import pytest
 import torch
+from torch.utils import cpp_extension
 
 from tests.conftest import assert_rejected, load_answer
 
@@ -10,6 +11,7 @@ OP = "extensions.cpp-op"
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(cpp_extension.CUDA_HOME is None, reason="needs nvcc (the CUDA toolkit)")
 def test_the_cuda_reference_passes_and_a_cpu_only_source_fails():
     from grader.checks import run_checks
 

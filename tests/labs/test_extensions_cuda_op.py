@@ -1,5 +1,6 @@
-"""extensions.cuda-op (needs a CUDA GPU and nvcc: skipped without, with the reason): the reference passes, and
-a CPU-only source (plausible: the CPU kernel, no CUDA registration) fails."""
+"""extensions.cuda-op (needs a CUDA GPU and nvcc: skipped without them, with the reason): the
+reference passes, and a CPU-only source (plausible: the CPU kernel, no CUDA registration)
+fails."""
 import pytest
 import torch
 from torch.utils import cpp_extension

@@ -31,7 +31,8 @@ from pathlib import Path
 #: what one build may report of the compiler's errors
 MAX_ERRORS = 6
 
-_loaded: dict[str, str] = {}
+#: the libraries loaded into this process, by name
+_loaded: set[str] = set()
 #: the builds that failed in this process, with what was said: torch's cpp_extension does not
 #: compile an unchanged source twice in one process (its JIT_EXTENSION_VERSIONER), so a second
 #: try would only report the library missing
@@ -75,8 +76,8 @@ def _ninja_on_path() -> None:
 
 def trim(log: str, source_path: str, source: str) -> str:
     """The compiler's ``log`` cut to the errors in ``source_path``: ``line N of the source:
-    error: ...`` followed by the source's line N, at most :data:`MAX_ERRORS`; the linker's undefined
-    references; the log's last lines when neither is found."""
+    error: ...`` followed by the source's line N, at most :data:`MAX_ERRORS`; the linker's
+    undefined references; the log's last lines when neither is found."""
     lines = source.splitlines()
     pattern = re.compile(re.escape(source_path) + r":(\d+):(?:\d+:)? (fatal error|error): (.*)")
     found = []
@@ -92,7 +93,7 @@ def trim(log: str, source_path: str, source: str) -> str:
     return "\n".join(found[:MAX_ERRORS] + ([f"... and {more} more"] if more > 0 else []))
 
 
-def build(source: str, prefix: str = "ext", cuda: bool = False, verbose: bool = False):
+def build(source: str, prefix: str = "ext", cuda: bool = False):
     """Compile ``source`` (C++; CUDA with ``cuda``) into a library named
     :func:`library_name` and load it; returns ``torch.ops.<name>``, the namespace its
     ``TORCH_LIBRARY(TORCH_EXTENSION_NAME, m)`` block defines. A source built before (in this
@@ -120,7 +121,7 @@ def build(source: str, prefix: str = "ext", cuda: bool = False, verbose: bool = 
             _ninja_on_path()
             try:
                 cpp_extension.load(name=name, sources=[str(path)], build_directory=str(folder),
-                                   is_python_module=False, verbose=verbose)
+                                   is_python_module=False)
             except RuntimeError as exc:
                 _failed[name] = trim(str(exc), str(path), source)
                 raise BuildError(_failed[name]) from None
@@ -131,5 +132,5 @@ def build(source: str, prefix: str = "ext", cuda: bool = False, verbose: bool = 
             for path in folder.iterdir():  # (the source and the compiler's files go)
                 if path not in (library, done) and path.is_file():
                     path.unlink(missing_ok=True)
-        _loaded[name] = str(library)
+        _loaded.add(name)
     return getattr(torch.ops, name)

@@ -2,7 +2,7 @@
 operator, or a tensor where one was due."""
 from __future__ import annotations
 
-from grader.checks import AnswerRaised, CheckFailure, paired
+from grader.checks import AnswerRaised, CheckFailure, paired, plain_tensor
 
 
 def built(seen, exercise: str, op: str | None) -> dict:
@@ -26,13 +26,11 @@ def built(seen, exercise: str, op: str | None) -> dict:
 
 
 def tensor(value, what: str):
-    """``value`` as a plain tensor, or CheckFailure saying what came back instead."""
-    import torch
-
-    if type(value) is torch.Tensor:
-        return value
-    kind = value.get("type") if type(value) is dict else type(value).__name__
-    raise CheckFailure(f"{what} is a {kind}, not a tensor.")
+    """``value`` as a plain tensor (:func:`grader.checks.plain_tensor`), or CheckFailure saying
+    what came back instead (a probe sends ``{"type": name}`` for what is not a tensor)."""
+    if type(value) is dict and "type" in value:
+        raise CheckFailure(f"{what} is a {value['type']}, not a tensor.")
+    return plain_tensor(value, what)
 
 
 def failed_tests(words: dict) -> dict:

@@ -40,14 +40,14 @@ from typing import Any, Callable
 from grader.kernel import probe as _probe
 from grader.labs import modelled
 from grader.kernel.probe import (compiler_caches_as_started, config_changes, plain, probe,
-                                  raised, seeded_rng, started_environ, state_changes,
-                                  torch_defaults)
+                                  raised, seeded_rng, set_by_hand, started_environ,
+                                  state_changes, torch_defaults)
 from grader.results import CONTROL
 
 __all__ = ["Answer", "AnswerError", "AnswerRaised", "CheckContext", "CheckFailure", "Verdict",
            "ahead", "check", "checks_for", "compiler_caches_as_started", "config_changes",
            "exact", "paired", "plain", "plain_tensor", "probe", "raised", "run_checks",
-           "started_environ", "state_changes", "torch_defaults"]
+           "set_by_hand", "started_environ", "state_changes", "torch_defaults"]
 
 MAX_MESSAGE_CHARS = 1200
 #: what an allocation that failed for lack of memory says (Python, torch's CPU allocator, CUDA)

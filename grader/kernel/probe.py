@@ -391,12 +391,20 @@ def _environ_changes() -> list[str]:
     return found
 
 
+def set_by_hand(module) -> list[str]:
+    """The names of the entries of a torch config module that differ from their defaults
+    (:func:`config_changes`) and hold a value a person types (a flag, number, string, or a list
+    of those), sorted: not an object or dict a library installs there (torchao's pre-grad pass,
+    the metadata AOTInductor records), which a note about the notebook's settings leaves out."""
+    values = module.get_config_copy()
+    return [key for key in sorted(config_changes(module)) if _typed(values[key])]
+
+
 def _config_entries(label: str) -> list[str]:
     if (module := sys.modules.get(label)) is None:
         return []
     values = module.get_config_copy()
-    return [f"{label}.{key} = {_short(values[key])}" for key in sorted(config_changes(module))
-            if _typed(values[key])]
+    return [f"{label}.{key} = {_short(values[key])}" for key in set_by_hand(module)]
 
 
 def _typed(value: Any) -> bool:

@@ -25,7 +25,8 @@ import torch._inductor.config as inductor_config
 from torch import fx
 from torch._dynamo.testing import CompileCounter
 
-from grader.checks import compiler_caches_as_started, config_changes, plain, probe, raised
+from grader.checks import (compiler_caches_as_started, config_changes, plain, probe, raised,
+                           set_by_hand)
 from labs.compile import programs, viz
 
 #: how much of an exception's message a probe returns
@@ -35,12 +36,13 @@ _TEXT = 2000
 # ------------------------------------------------------------------ a clean compiler
 @probe
 def changed_config(answer) -> list[str]:
-    """The config entries the notebook changed from their defaults, which the checks set back
-    while they run (:func:`fresh_compiler`): ``["torch._dynamo.config.capture_scalar_outputs",
-    ...]``."""
+    """The config entries the notebook set by hand (:func:`grader.checks.set_by_hand`), which
+    the checks set back to their defaults while they run (:func:`fresh_compiler`):
+    ``["torch._dynamo.config.capture_scalar_outputs", ...]``; what a library installed there
+    (AOTInductor's metadata) is set back too, unnamed."""
     return [f"{label}.{name}" for label, module in (("torch._dynamo.config", torch._dynamo.config),
                                                     ("torch._inductor.config", inductor_config))
-            for name in sorted(config_changes(module))]
+            for name in set_by_hand(module)]
 
 
 class FrameCount:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from grader.kernel import probe as _probe
+from grader.kernel.modelled import PROCESSES
 from grader.labs import modelled
 from grader.kernel.probe import (compiler_caches_as_started, config_changes, plain, probe,
                                   raised, seeded_rng, set_by_hand, started_environ,
@@ -335,7 +336,8 @@ def ran_modelled(record: dict, models: tuple[str, ...]) -> str:
                 "this exercise asks you to model (or built on it): write your own.")
     return (f"your answer ran {record.get('where')}{at}: that is PyTorch's own code for the "
             "mechanism this exercise asks you to model (it runs none of "
-            f"{', '.join(models)}). Compute the answer yourself from what you are given.")
+            f"{', '.join(m for m in models if m != PROCESSES)}). Compute the answer yourself "
+            "from what you are given.")
 
 
 class Answer:

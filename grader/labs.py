@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grader.errors import GraderError
+from grader.kernel.modelled import PROCESSES
 
 #: release cell ids a notebook must share with one lab (and no other) to count as that lab's
 MIN_SHARED_IDS = 3
@@ -37,7 +38,9 @@ class Exercise:
     itself), so checks are still numbered as the instructor's grader numbers them; ``models``:
     the PyTorch code of the mechanism the exercise asks the learner to build or predict
     (patterns of :mod:`grader.kernel.modelled`): an answer that runs it, or starts a process,
-    fails, whatever it returns.
+    fails, whatever it returns; ``starts_processes = true`` in the table (a loader's workers)
+    adds :data:`~grader.kernel.modelled.PROCESSES` to them, so that starting a process is not
+    refused.
     """
 
     id: str
@@ -167,7 +170,8 @@ def load_lab(lab_id: str) -> Lab:
                 timeout=float(e.get("timeout", 120)),
                 pinned_behaviour=_flag(e.get("pinned_behaviour", False)),
                 withheld=int(e.get("withheld", 0)),
-                models=_strings(e.get("models", [])),
+                models=_strings(e.get("models", [])) + (
+                    (PROCESSES,) if _flag(e.get("starts_processes", False)) else ()),
             )
             for e in raw["exercises"]
         )

@@ -101,6 +101,40 @@ def test_starting_a_process_is_reported():
     assert "your answer started a process" in ran_modelled(ran, FSDP)
 
 
+def test_an_exercise_that_starts_processes_may_start_them_and_is_still_observed_in_them():
+    """``starts_processes = true`` (a loader's workers): a process started is no refusal, and
+    what the answer runs in a child still is (its calls come back through the shared file)."""
+    import multiprocessing
+
+    from grader.kernel.modelled import PROCESSES
+    from grader.labs import load_lab
+
+    assert PROCESSES in load_lab("modules").exercise("modules.loader").models
+    assert PROCESSES not in load_lab("modules").exercise("modules.mini-module").models
+
+    def answer():
+        return subprocess.run(["true"]).returncode
+
+    assert _reply(answer, (*FSDP, PROCESSES)) == {"value": 0}
+
+    def child():
+        from torch.distributed.fsdp import fully_shard
+
+        try:
+            fully_shard(None)
+        except Exception:  # noqa: BLE001  (a refusal caught does not hide the call)
+            pass
+
+    def forks():
+        p = multiprocessing.get_context("fork").Process(target=child)
+        p.start()
+        p.join()
+        return p.exitcode
+
+    ran = _reply(forks, (*FSDP, PROCESSES))["modelled"]
+    assert ran["kind"] == "modelled" and PROCESSES not in ran_modelled(ran, (*FSDP, PROCESSES))
+
+
 def test_a_forked_child_reports_its_calls_through_the_shared_file():
     """A rank the probe forks runs the answer there: what it ran comes back to the parent."""
     from torch.distributed.fsdp import fully_shard

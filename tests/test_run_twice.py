@@ -11,7 +11,7 @@ from tests.test_run_all import HEAVY, LABS, run_all
 
 
 @pytest.mark.parametrize("lab_id", LABS)
-def test_every_cell_runs_twice(lab_id, tmp_path):
+def test_every_cell_runs_twice(lab_id):
     lab = load_lab(lab_id)
     folder = "notebooks" if lab_id == HEAVY else "solutions"
-    assert run_all(ROOT / folder / f"{lab.notebook}.ipynb", tmp_path, lab, 2) == []
+    assert run_all(ROOT / folder / f"{lab.notebook}.ipynb", lab, 2) == []

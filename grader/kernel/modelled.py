@@ -58,6 +58,10 @@ BLINDS = ("sys:setprofile", "sys:settrace", "_thread:start_new_thread",
 #: the code that starts a process (a mechanism run elsewhere is not computed by the answer)
 STARTS = ("posix:fork", "posix:posix_spawn*", "posix:system", "posix:exec*",
           "subprocess.py:Popen.__init__", "multiprocessing/process.py:BaseProcess.start")
+#: the pattern that lets an answer start processes (an exercise whose mechanism runs workers,
+#: ``starts_processes = true`` in its lab table): they are not refused, and what they run is
+#: observed as the answer's own (they inherit the profiler)
+PROCESSES = "+processes"
 
 
 #: the file names of code compiled from a string that is the learner's: a cell run by IPython
@@ -101,8 +105,9 @@ class _Observer:
 
     def __init__(self, patterns: list[str], log: int, top):
         self.top = top
-        self.patterns, self.starts, self.blinds = _split(patterns), _split(STARTS), \
-            _split(BLINDS)
+        self.starts = [] if PROCESSES in patterns else _split(STARTS)
+        patterns = [p for p in patterns if p != PROCESSES]
+        self.patterns, self.blinds = _split(patterns), _split(BLINDS)
         self.names = set(patterns)
         self.log, self.hit = log, False
         self.libs, self.course = _lib_dirs(), _course_dirs()

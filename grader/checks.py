@@ -331,6 +331,9 @@ def ran_modelled(record: dict, models: tuple[str, ...]) -> str:
         return (f"your answer started a process ({record.get('where')}){at}: compute the "
                 "answer here, in this process, from what you are given; a mechanism run "
                 "elsewhere is not one you built.")
+    if kind == "course":
+        return (f"your answer is {record.get('where')}, the course's own code, not yours: "
+                "write the answer in your cell.")
     if kind == "answer":
         return (f"your answer is {record.get('where')}, PyTorch's own code for the mechanism "
                 "this exercise asks you to model (or built on it): write your own.")

@@ -208,6 +208,80 @@ def test_an_answer_that_is_the_mechanism_itself_is_seen_before_it_runs():
     assert "value" in _reply(lambda: 1, hooks)  # (a function of the learner's own)
 
 
+def test_an_object_that_calls_or_bases_the_mechanism_is_seen_as_it():
+    """A trial's forgeries: an object whose ``__call__`` is the mechanism (a class or a partial
+    of one), an object whose ``__mro_entries__`` puts the mechanism's class under the probe's
+    own class statement, and the mechanism's class with its ``__module__`` renamed."""
+    import functools
+
+    import torch
+    from torch.utils.data import DataLoader
+
+    class Calls:
+        __call__ = DataLoader
+
+    class CallsPartial:
+        __call__ = functools.partial(torch.optim.AdamW, foreach=True)
+
+    class Bases:
+        __call__ = None
+
+        def __mro_entries__(self, bases):
+            return (torch.nn.Module,)
+
+    for answer, pattern in ((Calls(), "torch/utils/data/dataloader.py"),
+                            (CallsPartial(), "torch/optim/adamw.py"),
+                            (Bases(), "torch/nn/modules/module.py")):
+        ran = _reply(answer, (pattern,))["modelled"]
+        assert ran["kind"] == "answer" and ran["where"].startswith(pattern), ran
+    renamed = type("Module", (), {"__module__": "not_a_module",
+                                  "forward": torch.nn.Module.forward})
+    ran = _reply(renamed, ("torch/nn/modules/module.py",))["modelled"]
+    assert ran["kind"] == "answer", ran
+
+    class Mine:
+        def __call__(self):
+            return 1
+
+    assert _reply(Mine(), ("torch/utils/data/dataloader.py",)) == {"value": 1}
+
+
+def test_an_answer_that_is_the_courses_own_code_is_refused():
+    """A probe's helper (the hook-order lab's real run) bound as the answer: its calls would
+    be the course's, not the learner's, so it is refused before it runs."""
+    import functools
+
+    from labs.modules import probes
+
+    answer = functools.partial(probes.build_tree, seed=0)
+    ran = _reply(answer, ("torch/nn/modules/",))["modelled"]
+    assert ran["kind"] == "course" and ran["where"] == "labs/modules/probes.py: build_tree", ran
+    assert "the course's own code" in ran_modelled(ran, ("torch/nn/modules/",))
+
+
+def test_code_compiled_under_a_librarys_file_name_is_the_learners():
+    """A helper compiled with a made-up file name inside site-packages still runs as the
+    learner's code: no file holds it."""
+    import os
+
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    fake = os.path.join(os.path.dirname(torch.__file__), "_not_a_file_of_torch.py")
+    namespace = {"fully_shard": fully_shard}
+    exec(compile("def helper():\n    fully_shard(None)\n", fake, "exec"), namespace)
+
+    def answer():
+        try:
+            namespace["helper"]()
+        except Exception:  # noqa: BLE001  (a refusal caught does not hide the call)
+            pass
+        return 1
+
+    ran = _reply(answer, FSDP)["modelled"]
+    assert ran["kind"] == "modelled", ran
+
+
 def test_code_compiled_from_a_string_is_the_learners_when_it_runs():
     from torch.distributed.fsdp import fully_shard
 

@@ -7,6 +7,8 @@ import sys
 import pwd
 from pathlib import Path
 
+import pytest
+
 from grader.judge.sandbox import (Limits, inductor_cache, keep_warm_cache, kernel_env,
                             warm_cache)
 
@@ -93,3 +95,47 @@ def test_kernel_messages_with_text_utf8_cannot_hold_are_packed_not_lost():
     msg = {"text": "caf\udce9 \ud800 ok \ud83d\ude00", "n": 1}
     assert json_unpacker(json_packer(msg)) == {"text": "caf\ufffd \ufffd ok 😀", "n": 1}
     assert json_packer({"text": "plain"}) == session.json_packer({"text": "plain"})
+
+
+@pytest.mark.skipif(sys.platform != "linux" or os.geteuid() != 0,
+                    reason="a kernel's PID namespace needs root on Linux")
+def test_a_kernel_whose_grader_is_killed_does_not_outlive_it(tmp_path):
+    """A grader killed while its kernel loops (kill -9, a job's time limit) cannot stop the
+    kernel: the sandbox sees its parent gone and ends the kernel's namespace."""
+    import signal
+    import time
+
+    (tmp_path / "hidden").mkdir()
+    argv = Limits(memory=1 << 30, cpu=60, hide=(str(tmp_path / "hidden"),)).argv(
+        [sys.executable, "-c", "while True: pass"])
+    grader = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time\n"
+         f"p = subprocess.Popen({argv!r})\nprint(p.pid, flush=True)\ntime.sleep(60)"],
+        stdout=subprocess.PIPE, text=True)
+    sandbox = int(grader.stdout.readline())
+
+    kernel = [sys.executable, "-c", "while True: pass"]
+
+    def alive() -> dict[int, str]:
+        """The sandbox, its namespace's init and the kernel, by pid, while they live."""
+        found = {}
+        for name in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                stat = Path(f"/proc/{name}/stat").read_text().rpartition(")")[2].split()
+                cmdline = Path(f"/proc/{name}/cmdline").read_bytes().decode().split("\0")[:-1]
+            except OSError:
+                continue
+            if stat[0] != "Z" and (cmdline == kernel or cmdline == argv):
+                found[int(name)] = "kernel" if cmdline == kernel else "sandbox"
+        return found
+
+    deadline = time.monotonic() + 10
+    while "kernel" not in alive().values() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sandbox in alive() and "kernel" in alive().values(), alive()
+    grader.send_signal(signal.SIGKILL)
+    grader.wait()
+    deadline = time.monotonic() + 5
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert alive() == {}, f"outlived the grader: {alive()}"

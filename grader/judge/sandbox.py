@@ -319,7 +319,9 @@ def _alone(command: list[str], user: tuple[int, int] | None) -> None:
     process's child (PID 2 there), as ``user`` when given. This process waits for it, ends the
     namespace, and exits as the kernel did (so the grader can say how it died). Signals reach
     the kernel as before: the kernel manager signals the process group, which the kernel
-    shares; on SIGTERM this process dies, and the kernel with it (PR_SET_PDEATHSIG)."""
+    shares; on SIGTERM this process dies, and the kernel with it (PR_SET_PDEATHSIG); and when
+    the grader that started this process dies without stopping it (killed), it ends the
+    namespace (:func:`_orphaned`)."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(CLONE_NEWPID) != 0:
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWPID)")
@@ -345,7 +347,7 @@ def _alone(command: list[str], user: tuple[int, int] | None) -> None:
         finally:
             os._exit(127)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the kernel gets it through the group)
-    _, status = os.waitpid(kernel, 0)
+    status = _wait(kernel, init)
     os.kill(init, signal.SIGKILL)  # (and with it every process left in the namespace)
     if os.WIFSIGNALED(status):  # die as it died
         sig = os.WTERMSIG(status)
@@ -353,6 +355,22 @@ def _alone(command: list[str], user: tuple[int, int] | None) -> None:
             signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
     os._exit(os.waitstatus_to_exitcode(status))
+
+
+def _wait(kernel: int, init: int) -> int:
+    """The kernel's wait status, once it exits; or, once the grader that started this process
+    is gone without stopping it (killed), end the namespace and the kernel with it, rather than
+    leave a kernel that loops running until its CPU limit. (Polled ten times a second: a
+    process that left its PID namespace cannot start a thread to wait on the other.)"""
+    parent = os.getppid()
+    while True:
+        pid, status = os.waitpid(kernel, os.WNOHANG)
+        if pid:
+            return status
+        if os.getppid() != parent:
+            os.kill(init, signal.SIGKILL)
+            os._exit(1)
+        time.sleep(0.1)
 
 
 def _become(uid: int, gid: int, command: list[str]) -> None:

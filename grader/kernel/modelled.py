@@ -47,6 +47,7 @@ import sys
 import sysconfig
 import tempfile
 import threading
+import types
 from pathlib import Path
 
 import grader
@@ -175,7 +176,9 @@ class _Observer:
             caller = frame.f_back
             return not name.startswith("<frozen") and caller is not None and not (
                 caller.f_code.co_filename.startswith(self.libs))
-        return not name.startswith(self.course) and not name.startswith(self.libs)
+        if name.startswith(self.course) or name.startswith(self.libs):
+            return not _on_disk(name)  # (code compiled under a library's name is not its)
+        return True
 
     def profile(self, frame, event, arg):
         if self.hit:
@@ -206,42 +209,96 @@ class _Observer:
 
 def answered_by(answer, patterns: list[str]) -> dict | None:
     """A record (as :func:`observe` makes) when the answer itself is the mechanism's code: a
-    function or method defined there (through ``functools.partial``, ``__wrapped__`` and bound
-    methods), or a class of which one there is a base. The probe calls it from its own frames,
-    where no frame of the learner's code stands above the mechanism's. None otherwise."""
+    function or method defined there (through ``functools.partial``, ``__wrapped__``, bound
+    methods and an object's ``__call__``), or a class of which one there is a base (also
+    through ``__mro_entries__``). The probe calls it from its own frames, where no frame of the
+    learner's code stands above the mechanism's. A function of the course's own (the grader's,
+    a lab's: a probe, a picture's helper) is no answer either: its calls are not the
+    learner's (kind ``"course"``). None otherwise."""
     if not patterns:
         return None
     seen = _Observer(list(patterns), -1, None)
-    fn = answer
-    for _ in range(16):
+    for fn in _unwrapped(answer):
+        if inspect.isfunction(fn) and fn.__code__.co_filename.startswith(seen.course):
+            where = fn.__code__.co_filename.removeprefix(str(grader.ROOT) + os.sep)
+            return {"pattern": "", "where": f"{where}: {fn.__qualname__}", "line": 0,
+                    "code": "", "kind": "course"}
+        found = _is_mechanism(seen, fn)
+        if found is not None:
+            return {"pattern": found[0], "where": found[1], "line": 0, "code": "",
+                    "kind": "answer"}
+    return None
+
+
+def _unwrapped(answer) -> list:
+    """What calling ``answer``, or building a class on it, runs: ``answer`` through
+    ``functools.partial``, bound methods, ``__wrapped__``, an instance's ``__call__`` (its
+    class's) and the bases ``__mro_entries__`` gives a class statement."""
+    found, todo = [], [answer]
+    while todo and len(found) < 16:
+        fn = todo.pop()
+        found.append(fn)
         if isinstance(fn, functools.partial):
-            fn = fn.func
+            todo.append(fn.func)
         elif inspect.ismethod(fn):
-            fn = fn.__func__
-        elif not inspect.isclass(fn) and getattr(fn, "__wrapped__", None) is not None:
-            fn = fn.__wrapped__
+            todo.append(fn.__func__)
+        elif inspect.isclass(fn) or inspect.isfunction(fn) or inspect.isbuiltin(fn):
+            continue
+        elif getattr(fn, "__wrapped__", None) is not None:
+            todo.append(fn.__wrapped__)
         else:
-            break
+            entries = getattr(type(fn), "__mro_entries__", None)
+            if entries is not None:
+                with contextlib.suppress(Exception):
+                    todo.extend(entries(fn, ()))
+            call = next((vars(k)["__call__"] for k in type(fn).__mro__
+                         if "__call__" in vars(k)), None)
+            if call is not None and not isinstance(call, types.WrapperDescriptorType):
+                todo.append(call)
+    return found
+
+
+def _class_file(kind: type) -> str | None:
+    """The file a class is defined in: its module's, or else that of a function defined in its
+    body (a class whose ``__module__`` was changed still has its functions' code)."""
+    try:
+        return inspect.getfile(kind)
+    except (TypeError, OSError):
+        pass
+    for value in vars(kind).values():
+        code = getattr(getattr(value, "__func__", value), "__code__", None)
+        if code is not None:
+            return code.co_filename
+    return None
+
+
+def _is_mechanism(seen: "_Observer", fn) -> tuple | None:
+    """``(pattern, where)`` when ``fn`` is a function, builtin or class (by a base) of the
+    mechanism's code."""
     found = None
     if inspect.isclass(fn):
         for kind in fn.__mro__:
-            try:
-                place = seen._place(str(Path(inspect.getfile(kind)).resolve()))
-            except (TypeError, OSError):
+            file = _class_file(kind)
+            if file is None:
                 continue
+            place = seen._place(str(Path(file).resolve()))
             pattern = place and seen._match(place, kind.__qualname__, seen.patterns)
             if pattern:
-                found = (pattern, f"{place}: {kind.__qualname__}")
-                break
+                return (pattern, f"{place}: {kind.__qualname__}")
     elif getattr(fn, "__code__", None) is not None:
         found = seen._of_code(fn.__code__)
         found = found if found and found[0] in seen.names else None
     elif callable(fn):
         found = seen._of_builtin(fn)
         found = found if found and found[0] in seen.names else None
-    if found is None:
-        return None
-    return {"pattern": found[0], "where": found[1], "line": 0, "code": "", "kind": "answer"}
+    return found
+
+
+@functools.lru_cache(maxsize=4096)
+def _on_disk(filename: str) -> bool:
+    """Whether a code object's file name is a file (code compiled from a string under the name
+    of a library's file, which no file holds, is the learner's)."""
+    return os.path.isfile(filename)
 
 
 def _first(log_path: str) -> dict | None:

@@ -570,7 +570,7 @@ class LoaderStuck(BaseException):
     ``except Exception`` does not take it for a dataset's error)."""
 
 
-class _Deadline:
+class Deadline:
     """Raise LoaderStuck in this thread after ``seconds`` (where signals can: the main
     thread)."""
 
@@ -622,7 +622,7 @@ def run_loader_case(make, case: dict) -> dict:
     WORKER["id"] = -1
     out: dict = {"len": None, "epochs": [], "leftover": 0, "stuck": False}
     try:
-        with _Deadline(LOADER_DEADLINE), torch.random.fork_rng(devices=[]), \
+        with Deadline(LOADER_DEADLINE), torch.random.fork_rng(devices=[]), \
                 warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.manual_seed(case["seed"])

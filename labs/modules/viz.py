@@ -257,25 +257,38 @@ def loader_events(
     collates as ``default_collate`` does), timed: ``{"main": this process's pid, "batches":
     [{"batch": k (the k-th yielded), "items", "pid" (of the process that fetched it), "start",
     "end" (of its items), "received" (when the loop got it)}]}``, times in milliseconds from
-    the moment the epoch's ``iter()`` was called."""
+    the moment the epoch's ``iter()`` was called. Raises TimeoutError when the epoch has not
+    ended after ``probes.LOADER_DEADLINE`` seconds; every process the loader started is gone
+    when it returns or raises (:func:`labs.modules.probes.reap`)."""
     import os
     import time
 
-    loader = make_loader(TimedItems(dataset_size, ms, slow, slow_ms))
-    t0 = time.perf_counter()
-    rows = []
-    for k, batch in enumerate(loader):
-        received = time.perf_counter()
-        rows.append(
-            {
-                "batch": k,
-                "items": [int(i) for i in batch["index"]],
-                "pid": int(batch["pid"][0]),
-                "start": (float(min(batch["start"])) - t0) * 1e3,
-                "end": (float(max(batch["end"])) - t0) * 1e3,
-                "received": (received - t0) * 1e3,
-            }
-        )
+    from labs.modules import probes
+
+    before, rows = probes.descendants(), []
+    try:
+        with probes.Deadline(probes.LOADER_DEADLINE):
+            loader = make_loader(TimedItems(dataset_size, ms, slow, slow_ms))
+            t0 = time.perf_counter()
+            for k, batch in enumerate(loader):
+                received = time.perf_counter()
+                rows.append(
+                    {
+                        "batch": k,
+                        "items": [int(i) for i in batch["index"]],
+                        "pid": int(batch["pid"][0]),
+                        "start": (float(min(batch["start"])) - t0) * 1e3,
+                        "end": (float(max(batch["end"])) - t0) * 1e3,
+                        "received": (received - t0) * 1e3,
+                    }
+                )
+            del loader
+    except probes.LoaderStuck:
+        raise TimeoutError(
+            f"the epoch had not ended after {probes.LOADER_DEADLINE:.0f} s: stopped"
+        ) from None
+    finally:
+        probes.reap(before)
     return {"main": os.getpid(), "batches": rows}
 
 

@@ -292,3 +292,32 @@ def test_the_timeline_draws_a_lane_per_process_and_a_box_per_batch():
     ax = alone.axes[0]
     assert len(by_gid(ax.patches, "batch:")) == 2 and not by_gid(ax.patches, "arrow:")
     assert len(by_gid(ax.get_yticklabels(), "lane:")) == 1
+
+
+def test_the_timeline_stops_a_loader_that_hangs_and_leaves_no_process(monkeypatch):
+    """The picture's cell runs the learner's loader outside any check: a loader that never
+    ends is stopped, and the worker it started is gone, so that neither costs the exercises
+    after it."""
+    import multiprocessing
+    import time
+
+    import pytest
+
+    from labs.modules import probes, viz
+
+    monkeypatch.setattr(probes, "LOADER_DEADLINE", 0.5)
+
+    class Hangs:
+        def __init__(self, dataset):
+            self.worker = multiprocessing.get_context("fork").Process(target=time.sleep,
+                                                                      args=(30,))
+
+        def __iter__(self):
+            self.worker.start()
+            while True:
+                time.sleep(0.01)
+
+    before = probes.descendants()
+    with pytest.raises(TimeoutError, match="had not ended after 0 s"):
+        viz.loader_events(Hangs)
+    assert probes.descendants() == before

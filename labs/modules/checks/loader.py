@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import json
+import multiprocessing
 import random
 
 import torch
@@ -48,13 +49,24 @@ SEEDING = (
 
 
 def torch_loader(dataset, **kwargs):
-    """The oracle: DataLoader with the same arguments."""
+    """The oracle: DataLoader with the same arguments, its workers forked (as the learner's
+    kernel forks them) where fork exists: a batch grading's judges run in processes started by
+    spawn, whose default would start each worker as a new interpreter importing torch (seconds
+    each)."""
+    if kwargs.get("num_workers") and "fork" in multiprocessing.get_all_start_methods():
+        kwargs["multiprocessing_context"] = "fork"
     return DataLoader(dataset, **kwargs)
 
 
 @functools.lru_cache(maxsize=64)
 def _expected(text: str) -> dict:
-    return probes.run_loader_case(torch_loader, json.loads(text))
+    found = probes.run_loader_case(torch_loader, json.loads(text))
+    if found["stuck"] or found["leftover"]:  # (the grader's fault, never the learner's)
+        raise RuntimeError(
+            f"the grader's own DataLoader did not finish {text} within "
+            f"{probes.LOADER_DEADLINE:.0f} s or left workers behind, on an overloaded machine: "
+            "this says nothing of your answer; grade again with fewer jobs")
+    return found
 
 
 def expected(case: dict) -> dict:
@@ -167,10 +179,12 @@ def judge(reply, cases: list[dict]) -> None:
         mine = exact(mine, dict, "a case's result")
         call = args(case)
         if mine.get("stuck"):
+            why = ("does the main process wait for a batch no worker will send?"
+                   if case.get("num_workers") else "with no workers, every batch is fetched "
+                   "in this process: is there a loop that never ends?")
             raise CheckFailure(f"{call} was still running after {probes.LOADER_DEADLINE:.0f} s "
                                "(DataLoader takes a fraction of a second), and the check "
-                               "stopped it: does the main process wait for a batch no worker "
-                               "will send?")
+                               f"stopped it: {why}")
         if mine.get("len") != want["len"]:
             raise CheckFailure(f"len({call}) is {mine.get('len')}; DataLoader's is "
                                f"{want['len']}: the number of batches"

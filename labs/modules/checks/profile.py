@@ -237,14 +237,14 @@ def verify(hot_op, cases: list[tuple[str, int]]) -> None:
 
 
 @check(EXERCISE)
-def matmul_trace(hot_op, ctx):
-    """Three steps with a big matmul among small ones and Python in each step"""
-    verify(hot_op, [("matmul", ctx.seed)])
+def matmul_and_reduction_traces(hot_op, ctx):
+    """A big matmul among small ones, and a sum that calls a sum (merged into one event)"""
+    verify(hot_op, [("matmul", ctx.seed), ("reduction", ctx.seed)])
 
 
 @check(EXERCISE, hidden=True)
 def seeded_traces(hot_op, ctx):
-    """A reduction, a thread waiting for a worker, and a seeded conv, float64 or copy program"""
+    """A thread waiting for a worker, and a seeded conv, float64 or copy program"""
     g = ctx.generator(1)
     third = ("conv", "float64", "copy")[int(torch.randint(0, 3, (), generator=g))]
-    verify(hot_op, [("reduction", ctx.seed), ("waiting", ctx.seed), (third, ctx.seed)])
+    verify(hot_op, [("waiting", ctx.seed), (third, ctx.seed)])

@@ -430,12 +430,47 @@ torch.export.ExportedProgram.module = lambda self, **kw: (lambda *args: {name}(s
 #: what per-sample-grads's judge says of the wrong (all-zero) gradients above
 _PER_SAMPLE_MISS = "check 1/4 'matches a per-example torch.autograd.grad loop"
 
+# lab 8: a loader that hangs with a worker left running, and answers that borrow a mechanism
+# (the course's own helper that runs the real hooks; nn.Module through __mro_entries__)
+_HANGING_LOADER = """
+import multiprocessing as _mp
+import time as _time
+
+
+class {name}:
+    def __init__(self, dataset, **kwargs):
+        self.dataset = dataset
+
+    def __len__(self):
+        return 1
+
+    def __iter__(self):
+        _mp.get_context("fork").Process(target=_time.sleep, args=(600,)).start()
+        while True:  # waits for a batch no worker sends
+            _time.sleep(0.05)
+"""
+_BORROWED_HOOKS = """
+import functools
+from labs.modules import probes as _probes
+{name} = functools.partial(_probes.traced_run, seed=0)
+"""
+_MODULE_BY_MRO_ENTRIES = """
+class _Borrowed:
+    __name__ = "Module"
+
+    def __mro_entries__(self, bases):
+        return (torch.nn.Module,)
+
+
+{name} = _Borrowed()
+"""
+
 #: the compile lab's exercises the compile-state fixture leaves as stubs (they compile most)
 _COMPILE_STUBS = ("partitioner", "fusion", "mini-dynamo", "dynamic-shapes")
 
 # ------------------------------------------------------------------ the catalogue
 A, D, L, C, N, X = "autograd", "dispatcher", "allocator", "compile", "distributed", "export"
-E = "extensions"
+E, M = "extensions", "modules"
 
 FIXTURES = [
     # execution faults (fixtures whose faults cannot interfere share a notebook: each fault is
@@ -572,6 +607,14 @@ FIXTURES = [
                   learner_cell("check", _PLANT_EXTENSIONS, "extensions.compile-ready")),
             {slug: ("error", f"extensions.{slug} is still the stub")
              for slug in ("cpp-op", "cpp-autograd", "boxed-fallback")}),
+    Fixture("loader-hang-and-borrowed-mechanisms", "a loader whose iterator never ends, with a "
+            "worker left running; hook_order bound to the course's own helper that runs real "
+            "hooks; a Module that puts nn.Module under the probe's class statement", M,
+            chain(after(M, "loader", _HANGING_LOADER), after(M, "hook-order", _BORROWED_HOOKS),
+                  after(M, "mini-module", _MODULE_BY_MRO_ENTRIES)),
+            {"loader": ("failed", "was still running after 10 s"),
+             "hook-order": ("failed", "labs/modules/probes.py: traced_run, the course's own code"),
+             "mini-module": ("failed", "your answer is torch/nn/modules/module.py: Module")}),
     Fixture("rank-faults", "a rank that hangs, a rank that exits early, a process group leaked "
             "into the kernel (destroyed before the next ranks start: it costs nothing)", N,
             chain(after(N, "ring-allreduce", _HANGING_RANK), after(N, "mini-ddp", _EXITING_RANK),

@@ -61,7 +61,7 @@ test: $(STAMP)
 	$(PY) -m pytest tests -n 2 --dist loadfile --no-loadscope-reorder
 
 # Every reference answer through its public and hidden checks on 50 seeds (make test grades
-# each on seed 1234, then on as many more as a quarter of a second allows).
+# each on seed 1234, then on as many more as a tenth of a second allows).
 seeds: $(STAMP)
 	SEED_BUDGET_S=0 $(PY) -m pytest tests/labs/test_reference_seeds.py -n 2 --dist load -rA
 

@@ -17,25 +17,12 @@ from __future__ import annotations
 import random
 
 from grader.checks import CheckFailure, check, exact
-from labs.modules import probes
+from labs.modules import probes, viz
 from labs.modules.checks.mini_module import random_tree
 
 EXERCISE = "modules.hook-order"
-PUBLIC_MODEL = {
-    "params": [["w", [3]]],
-    "children": [
-        ["encoder", {"params": [["w", [3]]], "calls": []}],
-        [
-            "decoder",
-            {
-                "params": [["w", [3]]],
-                "children": [["head", {"params": [["w", [3]]], "calls": []}]],
-                "calls": ["head"],
-            },
-        ],
-    ],
-    "calls": ["encoder", "decoder"],
-}
+#: the explorer's model (labs/modules/viz.py), its root calling the encoder once, not twice
+PUBLIC_MODEL = {**viz.EXPLORER_MODEL, "calls": ["encoder", "decoder"]}
 PUBLIC_HOOKS = [
     {"label": "log_inputs", "kind": "forward_pre", "on": None, "prepend": False},
     {"label": "check_shape", "kind": "forward_pre", "on": "encoder", "prepend": False},

@@ -167,6 +167,26 @@ def test_an_answer_that_removes_the_profiler_does_not_pass_and_the_old_one_is_ba
     assert "switched off or went around the profiler" in ran_modelled(ran, FSDP)
 
 
+def test_a_librarys_callback_on_earlier_garbage_is_not_the_answers():
+    """Garbage left before the probe (a cycle keyed in dynamo's weak dictionary) is not
+    collected while the answer runs, so its weakref callback (library code) is not taken for a
+    call of the answer's; it is collected after."""
+    import gc
+
+    from torch._dynamo.utils import ExactWeakKeyDictionary
+
+    class Key:
+        pass
+
+    keys, key = ExactWeakKeyDictionary(), Key()
+    key.cycle = key
+    keys[key] = 1
+    del key
+    assert _reply(lambda: gc.collect() * 0 + 3, ("torch/_dynamo/",)) == {"value": 3}
+    gc.collect()
+    assert len(keys.values) == 0
+
+
 def test_no_patterns_observe_nothing():
     assert _reply(lambda: subprocess.run(["true"]).returncode, ()) == {"value": 0}
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import functools
+import gc
 import inspect
 import json
 import linecache
@@ -315,7 +316,10 @@ def observe(patterns: list[str], top):
     "code", "kind"}``, kind ``"modelled"``, ``"start"`` or ``"blind"``), or
     None. Only frames below ``top`` (the probe's frame) can be the learner's: what called the
     probe is not the answer. With no patterns, observes nothing. Restores the profiler that was
-    set before."""
+    set before. Objects older than the body are frozen out of garbage collection while it runs
+    (:func:`gc.freeze`): a collection that the learner's code happens to trigger would otherwise
+    run a library's callbacks on garbage an earlier cell left (a weakref callback of
+    ``torch/_dynamo/utils.py: ExactWeakKeyDictionary``), as if the learner had called them."""
     seen: dict = {"ran": None}
     if not patterns:
         yield seen
@@ -325,6 +329,7 @@ def observe(patterns: list[str], top):
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND)
     profile = _Observer(list(patterns), log, top).profile
     before, before_threads = sys.getprofile(), threading.getprofile()
+    gc.freeze()
     sys.setprofile(profile)
     threading.setprofile(profile)
     try:
@@ -333,6 +338,7 @@ def observe(patterns: list[str], top):
         removed = sys.getprofile() is not profile
         sys.setprofile(before)
         threading.setprofile(before_threads)
+        gc.unfreeze()
         os.close(log)
         seen["ran"] = _first(log_path)
         os.unlink(log_path)

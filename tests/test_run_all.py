@@ -2,8 +2,8 @@
 
 Each lab's released notebook, untouched, runs top to bottom in one kernel with no error in any
 cell: a demo cell that needs an unwritten answer says what it will show and goes on (the
-releases test_labs_end_to_end grades whole are checked there, in the same way, and HEAVY's,
-which test_run_twice runs twice, there). A cell that
+releases test_labs_end_to_end grades whole are checked there, in the same way, and those of
+HEAVY, which test_run_twice runs twice, there). A cell that
 takes long says so in the markdown before it, in seconds.
 
 The kernel is started as the grader starts one (``grader.judge.sandbox.kernel_env``: its own
@@ -31,8 +31,10 @@ from tests.conftest import EXTENSIONS, ROOT
 from tests.test_labs_end_to_end import STUBS_GRADED_WHOLE
 
 LABS = [lab for lab in lab_ids() if load_lab(lab).root == ROOT]
-#: the lab whose reference takes longest (AOTInductor, ONNX): its release runs twice instead
-HEAVY = "export"
+#: the labs whose references take longest to run (their checks compile or export, or run
+#: every case script): their releases run twice instead (tests/test_run_twice.py), and their
+#: references are run whole where they are graded (tests/test_labs_end_to_end.py)
+HEAVY = ("compile", "export", "production")
 
 
 #: seconds a cell may take in a first pass without saying so in the markdown before it ("takes
@@ -88,8 +90,8 @@ def _run_all(path, folder: Path, lab, passes: int) -> list[tuple]:
     return errors
 
 
-@pytest.mark.parametrize("lab_id", [lab for lab in LABS  # (HEAVY's release: test_run_twice)
-                                    if lab not in STUBS_GRADED_WHOLE and lab != HEAVY])
+@pytest.mark.parametrize("lab_id", [lab for lab in LABS  # (HEAVY's releases: test_run_twice)
+                                    if lab not in STUBS_GRADED_WHOLE and lab not in HEAVY])
 def test_run_all_of_the_release_raises_nowhere(lab_id):
     lab = load_lab(lab_id)
     assert run_all(ROOT / "notebooks" / f"{lab.notebook}.ipynb", lab, 1) == []

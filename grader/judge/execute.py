@@ -332,6 +332,8 @@ class _Run:
     seed: int
     device: str
     home: Path
+    #: cells whose run lost the kernel (it died, ran out of memory, or ignored an interrupt)
+    killers: set[int] = field(default_factory=set)
 
     def _execute(self, cell: NotebookNode, index: int) -> None:
         self.client.start_cell(index)
@@ -359,6 +361,7 @@ class _Run:
                                "grading went on.", time.monotonic() - start)
             error = _reply_error(client, index)
             if error and out_of_memory(*error):
+                self.killers.add(index)
                 raise _lost(cell, f"out of memory while running {what}: the kernel may use at "
                             f"most {self.limits.memory / 2**30:g} GiB, the grader's limit "
                             f"({error[0]}: {error[1][:200]}). The rest of the lab was graded in "
@@ -385,10 +388,12 @@ class _Run:
         try:
             self._execute(cell, index)
         except CellTimeoutError as exc:
+            self.killers.add(index)
             raise _lost(cell, late + " The kernel ignored the interrupt and was replaced by a "
                         "fresh one.",
                         time.monotonic() - start, "timeout") from exc
         except DeadKernelError as exc:
+            self.killers.add(index)
             raise _lost(cell, f"the kernel died while running {what}: "
                         f"{_death(self.client, self.limits)}. The rest of the lab was graded in "
                         "a fresh kernel.", time.monotonic() - start) from exc
@@ -433,14 +438,17 @@ class _Run:
     def replay(self, done: list[Part], lost: set[int]) -> None:
         """Re-run earlier parts in a fresh kernel, on copies, so later exercises find the state
         they expect (not graded): no grade cells, and from the parts in ``lost`` (that timed out
-        or crashed) only the release's own cells (setup, demos), none of the learner's."""
+        or crashed) only the release's own cells (setup, demos), none of the learner's. A cell
+        that lost a kernel or was interrupted is not run again: a demo cell that calls the
+        learner's answer (a picture of it) would otherwise kill every fresh kernel in turn, and
+        each later exercise with it."""
         client = self.client
         for number, part in enumerate(done):
             client.timeout = math.ceil(self.timeouts.get(part.exercise, EPILOGUE_CELL_TIMEOUT))
             for index in part.cells:
                 cell = copy.deepcopy(client.nb.cells[index])
                 skip = {"grade", "answer", "learner"} if number in lost else {"grade"}
-                if notebook.role(cell) in skip:
+                if notebook.role(cell) in skip or index in self.killers | self.interrupted:
                     continue
                 try:
                     self._execute(cell, index)

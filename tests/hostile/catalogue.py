@@ -465,12 +465,56 @@ class _Borrowed:
 {name} = _Borrowed()
 """
 
+_ESCAPING_RUN = '''
+_honest_nan = {name}
+
+_DAEMON = """
+
+import os as _os
+import time as _time
+
+_case_main = main
+
+
+def main(config):
+    if _os.fork() == 0:  # a session of its own: out of the run's process group
+        _os.setsid()
+        _time.sleep(600)
+        _os._exit(0)
+    return _case_main(config)
+"""
+
+
+def {name}(case):
+    reply = _honest_nan(case)
+    reply["script"] += _DAEMON
+    return reply
+'''
+_KILLS_THE_KERNEL = '''
+def {name}(case):
+    kill = "\\nimport os, signal\\nos.kill(os.getppid(), signal.SIGKILL)  # the kernel\\n"
+    return {"diagnosis": {}, "script": case.source + kill}
+'''
+_EXITS_AT_ONCE = '''
+_honest_hang = {name}
+
+
+def {name}(case):
+    reply = _honest_hang(case)  # (the right diagnosis, and a script that ends before main)
+    reply["script"] = "import os\\n\\ndef main(config):\\n    os._exit(0)\\n"
+    return reply
+'''
+_A_LIST = '''
+def {name}(case):
+    return [case.source]
+'''
+
 #: the compile lab's exercises the compile-state fixture leaves as stubs (they compile most)
 _COMPILE_STUBS = ("partitioner", "fusion", "mini-dynamo", "dynamic-shapes")
 
 # ------------------------------------------------------------------ the catalogue
 A, D, L, C, N, X = "autograd", "dispatcher", "allocator", "compile", "distributed", "export"
-E, M = "extensions", "modules"
+E, M, P = "extensions", "modules", "production"
 
 FIXTURES = [
     # execution faults (fixtures whose faults cannot interfere share a notebook: each fault is
@@ -615,6 +659,18 @@ FIXTURES = [
             {"loader": ("failed", "was still running after 10 s"),
              "hook-order": ("failed", "labs/modules/probes.py: traced_run, the course's own code"),
              "mini-module": ("failed", "your answer is torch/nn/modules/module.py: Module")}),
+    # (input-bound and checkpoint left as stubs: CI time)
+    Fixture("case-runs-that-escape-kill-or-exit", "a fixed script that leaves a daemon in a "
+            "session of its own, one that kills the kernel it was forked from, one that exits "
+            "before returning, a reply that is a list", P,
+            chain(after(P, "nan", _ESCAPING_RUN), after(P, "leak", _KILLS_THE_KERNEL),
+                  after(P, "hang", _EXITS_AT_ONCE), after(P, "recompiles", _A_LIST),
+                  stub(P, "input-bound"), stub(P, "checkpoint")),
+            {"leak": ("crashed", "the kernel died while running the checks"),
+             "hang": ("failed", "exited with status 0 and no result"),
+             "recompiles": ("failed", "it returned a list"),
+             "input-bound": ("error", "production.input-bound is still the stub"),
+             "checkpoint": ("error", "production.checkpoint is still the stub")}),
     Fixture("rank-faults", "a rank that hangs, a rank that exits early, a process group leaked "
             "into the kernel (destroyed before the next ranks start: it costs nothing)", N,
             chain(after(N, "ring-allreduce", _HANGING_RANK), after(N, "mini-ddp", _EXITING_RANK),

@@ -1,0 +1,61 @@
+"""What the production judges share: reading :func:`labs.production.probes.diagnosed`'s reply
+(the answer raised, returned no script, a script that does not compile, runs missing) and
+running the case scripts in the grader's own process."""
+
+from __future__ import annotations
+
+from grader.checks import AnswerRaised, CheckFailure
+from labs.production import probes
+
+
+def runs_of(reply, runs: list, exercise: str) -> tuple[object, list[dict]]:
+    """``(diagnosis, runs)`` of a :func:`probes.diagnosed` reply to a probe that asked for
+    ``runs``; raises AnswerRaised when the answer raised, CheckFailure when it returned no
+    script, one that does not compile, or a reply that does not hold one run per run asked
+    for (each a dict with a ``status``)."""
+    if type(reply) is not dict:
+        raise CheckFailure("what came back from the probe is not a dict.")
+    if "raised" in reply and type(reply["raised"]) is dict:
+        raise AnswerRaised(reply["raised"])
+    if "reply" in reply:
+        raise CheckFailure(f"{exercise}: your answer returned {reply['reply']}; it must return "
+                           "{\"diagnosis\": {...}, \"script\": <the fixed script's text>}.")
+    if "compile" in reply:
+        raise CheckFailure(f"{exercise}: the script your answer returned does not compile: "
+                           f"{reply['compile']}.")
+    got = reply.get("runs")
+    if (type(got) is not list or len(got) != len(runs)
+            or any(type(r) is not dict or type(r.get("status")) is not str for r in got)):
+        raise CheckFailure(f"{exercise}: the reply does not hold the {len(runs)} run(s) the "
+                           "check asked for.")
+    return reply.get("diagnosis"), got
+
+
+def ended(run: dict, what: str) -> str:
+    """How a run that did not return ended, in words, with the last lines of its stderr."""
+    err = str(run.get("stderr", ""))[-600:].strip()
+    tail = f" Its stderr ends with:\n{err}" if err else ""
+    if run["status"] == "raised":
+        return f"{what} raised {run.get('error')} (line {run.get('line')}).{tail}"
+    if run["status"] == "timeout":
+        return f"{what} was still running after its time limit and was killed.{tail}"
+    return f"{what} ended without a result ({run.get('error')}).{tail}"
+
+
+def oracle(source: str, config: dict, timeout_s: float, filename: str) -> probes.Run:
+    """Run a case script (the original or a reference fix) here, in the grader's process;
+    raises RuntimeError when it did not return (the judge's own failure, never the answer's)."""
+    run = probes.run(source, config, filename=filename, timeout_s=timeout_s)
+    if run.status != "ok":
+        raise RuntimeError(f"the reference run of {filename} did not return: {run.status} "
+                           f"{run.error}\n{run.stderr[-2000:]}")
+    return run
+
+
+def diagnosis_dict(diagnosis, keys: tuple[str, ...], exercise: str) -> dict:
+    """The answer's diagnosis, checked to be a dict with ``keys``."""
+    if type(diagnosis) is not dict or any(k not in diagnosis for k in keys):
+        have = sorted(map(str, diagnosis)) if type(diagnosis) is dict else type(diagnosis).__name__
+        raise CheckFailure(f"{exercise}: the diagnosis must be a dict with the keys "
+                           f"{list(keys)}; yours is {have}.")
+    return diagnosis

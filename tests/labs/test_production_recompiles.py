@@ -1,0 +1,60 @@
+"""production.recompiles: plausible wrong diagnoses and fixes that keep recompiling (or stop
+compiling, or change the training) fail, judged through run_checks (the check runs each fixed
+script in a process of its own). The reference and the stub are tested for every exercise in
+test_exercise_contract.py."""
+from tests.conftest import assert_rejected, load_answer
+
+EX = "production.recompiles"
+COMPILE = 'loss_fn = torch.compile(compute_loss, backend="eager")'
+
+
+def _changed(diagnosis=None, script=None):
+    fix_recompiles = load_answer(EX)
+
+    def answer(case):
+        out = fix_recompiles(case)
+        if diagnosis:
+            out["diagnosis"].update(diagnosis(out["diagnosis"]))
+        if script:
+            out["script"] = script(case.source)
+        return out
+
+    return answer
+
+
+def test_the_guard_is_on_the_functions_argument_not_the_ops():
+    answer = _changed(diagnosis=lambda d: {"guard": "label_smoothing"})
+    assert_rejected(EX, answer, "not the argument whose guard fails")
+
+
+def test_the_attempt_the_limit_refuses_is_not_a_recompile():
+    answer = _changed(diagnosis=lambda d: {"recompiles": d["recompiles"] + 1})
+    assert_rejected(EX, answer, "is not a recompile")
+
+
+def test_eager_from_is_the_step_where_dynamo_gave_up():
+    answer = _changed(diagnosis=lambda d: {"eager_from": None})
+    assert_rejected(EX, answer, "Dynamo does hit its recompile limit")
+
+
+def test_a_larger_recompile_limit_only_compiles_more():
+    answer = _changed(script=lambda s: s.replace(
+        COMPILE, COMPILE + "\n        torch._dynamo.config.recompile_limit = 64"))
+    assert_rejected(EX, answer, "a larger recompile limit or dynamic=True does not help")
+
+
+def test_dynamic_true_does_not_help_a_float_the_op_needs_as_a_constant():
+    answer = _changed(script=lambda s: s.replace('backend="eager")',
+                                                 'backend="eager", dynamic=True)'))
+    assert_rejected(EX, answer, "more than the 1 a fix needs")
+
+
+def test_not_compiling_is_not_a_fix():
+    answer = _changed(script=lambda s: s.replace(COMPILE, "pass"))
+    assert_rejected(EX, answer, "compiled no graph")
+
+
+def test_a_constant_smoothing_trains_another_model():
+    answer = _changed(script=lambda s: s.replace("smoothing_at(step, config))",
+                                                 'config["smoothing"])'))
+    assert_rejected(EX, answer, "departs from the eager run's")

@@ -668,7 +668,7 @@ FIXTURES = [
                   stub(P, "input-bound"), stub(P, "checkpoint")),
             {"leak": ("crashed", "the kernel died while running the checks"),
              "hang": ("failed", "exited with status 0 and no result"),
-             "recompiles": ("failed", "it returned a list"),
+             "recompiles": ("failed", "your answer returned a list"),
              "input-bound": ("error", "production.input-bound is still the stub"),
              "checkpoint": ("error", "production.checkpoint is still the stub")}),
     Fixture("rank-faults", "a rank that hangs, a rank that exits early, a process group leaked "

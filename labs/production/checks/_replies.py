@@ -8,25 +8,26 @@ from grader.checks import AnswerRaised, CheckFailure
 from labs.production import probes
 
 
-def runs_of(reply, runs: list, exercise: str) -> tuple[object, list[dict]]:
+def runs_of(reply, runs: list, what: str) -> tuple[object, list[dict]]:
     """``(diagnosis, runs)`` of a :func:`probes.diagnosed` reply to a probe that asked for
     ``runs``; raises AnswerRaised when the answer raised, CheckFailure when it returned no
     script, one that does not compile, or a reply that does not hold one run per run asked
-    for (each a dict with a ``status``)."""
+    for (each a dict with a ``status``). Messages start with ``what`` (the exercise, or the
+    setting the check ran)."""
     if type(reply) is not dict:
         raise CheckFailure("what came back from the probe is not a dict.")
     if "raised" in reply and type(reply["raised"]) is dict:
         raise AnswerRaised(reply["raised"])
     if "reply" in reply:
-        raise CheckFailure(f"{exercise}: your answer returned {reply['reply']}; it must return "
+        raise CheckFailure(f"{what}: your answer returned {reply['reply']}; it must return "
                            "{\"diagnosis\": {...}, \"script\": <the fixed script's text>}.")
     if "compile" in reply:
-        raise CheckFailure(f"{exercise}: the script your answer returned does not compile: "
+        raise CheckFailure(f"{what}: the script your answer returned does not compile: "
                            f"{reply['compile']}.")
     got = reply.get("runs")
     if (type(got) is not list or len(got) != len(runs)
             or any(type(r) is not dict or type(r.get("status")) is not str for r in got)):
-        raise CheckFailure(f"{exercise}: the reply does not hold the {len(runs)} run(s) the "
+        raise CheckFailure(f"{what}: the reply does not hold the {len(runs)} run(s) the "
                            "check asked for.")
     return reply.get("diagnosis"), got
 
@@ -43,7 +44,7 @@ def ended(run: dict, what: str) -> str:
 
 
 def oracle(source: str, config: dict, timeout_s: float, filename: str) -> probes.Run:
-    """Run a case script (the original or a reference fix) here, in the grader's process;
+    """Run a case script (the original, under the check's settings) here, in the grader's process;
     raises RuntimeError when it did not return (the judge's own failure, never the answer's)."""
     run = probes.run(source, config, filename=filename, timeout_s=timeout_s)
     if run.status != "ok":

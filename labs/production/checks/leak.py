@@ -23,8 +23,9 @@ import functools
 import json
 import random
 
-from grader.checks import AnswerRaised, CheckFailure, check, exact
+from grader.checks import CheckFailure, check, exact
 from labs.production import probes
+from labs.production.checks._replies import runs_of
 
 EXERCISE = "production.leak"
 NAME = "leak"
@@ -158,19 +159,11 @@ def judge_fix(runs, want: dict, what: str) -> None:
 
 def judge(answer, config: dict, what: str) -> None:
     want = truth(json.dumps(config, sort_keys=True))
-    reply = answer.probe(probes.diagnosed, NAME, config,
-                         [["fixed", {}, TIMEOUT_S], ["original", {}, TIMEOUT_S]])
-    if type(reply) is not dict:
-        raise CheckFailure(f"{what}: the probe's reply is not a dict.")
-    if "raised" in reply:
-        raise AnswerRaised(reply["raised"])
-    if "reply" in reply:
-        raise CheckFailure(f"{what}: fix_leak(case) must return {{'diagnosis': {{...}}, "
-                           f"'script': str}}; it returned {reply['reply']}.")
-    if "compile" in reply:
-        raise CheckFailure(f"{what}: your fixed script does not compile: {reply['compile']}.")
-    judge_diagnosis(reply.get("diagnosis"), want, what)
-    judge_fix(reply.get("runs"), want, what)
+    runs = [["fixed", {}, TIMEOUT_S], ["original", {}, TIMEOUT_S]]
+    reply = answer.probe(probes.diagnosed, NAME, config, runs)
+    diagnosis, runs = runs_of(reply, runs, what)
+    judge_diagnosis(diagnosis, want, what)
+    judge_fix(runs, want, what)
 
 
 @check(EXERCISE)

@@ -9,8 +9,8 @@ forward call points at (the innermost frame in the script). ``script`` is the fi
 Oracle: the judge runs the case itself (labs/production/probes.py: run): as it is, for the
 step; under ``torch.autograd.detect_anomaly()`` (torch/autograd/anomaly_mode.py:
 detect_anomaly), reading the Node from the RuntimeError the engine raises and the line from the
-forward traceback anomaly mode prints; and a reference fix (the loss computed by
-``F.cross_entropy``, in log space), whose loss curve the answer's fixed script must reproduce:
+forward traceback anomaly mode prints; and the case trained with torch's own loss
+(``F.cross_entropy``, in log space), whose loss curve the answer's fixed script must reproduce:
 every loss finite and within a tight tolerance of the reference's, so a fix that hides the NaN
 (nan_to_num, clamping the probabilities, skipping steps, a smaller learning rate) fails.
 Public: the case's default settings. Hidden: two settings drawn from the run's seed (data seed,
@@ -24,21 +24,20 @@ import math
 import random
 import re
 
-from grader.checks import AnswerRaised, CheckFailure, check, exact
+from grader.checks import CheckFailure, check, exact
 from labs.production import probes
+from labs.production.checks._replies import runs_of
 
 EXERCISE = "production.nan"
 NAME = "nan"
 FILENAME = "nan.py"
 #: seconds one run of the case may take (a run takes about 0.1 s)
 TIMEOUT_S = 30.0
-#: the loss curve of the fix against the reference fix's: |yours - ref| <= ATOL + RTOL * |ref|
+#: the loss curve of the fix against the oracle's: |yours - ref| <= ATOL + RTOL * |ref|
 RTOL, ATOL = 1e-4, 1e-5
-#: what the case computes by hand, and the reference fix: the same loss, in log space
-BUGGY_LOSS = """    probs = torch.softmax(logits, dim=-1)
-    onehot = F.one_hot(target, logits.shape[-1]).float()
-    return -(onehot * torch.log(probs)).sum(dim=-1).mean()"""
-FIXED_LOSS = "    return F.cross_entropy(logits, target)"
+#: the oracle: the case's own training with torch's cross entropy (log_softmax, then nll_loss:
+#: in log space) bound to the name its main calls, in place of the one written by hand
+TORCH_LOSS = "\n\ncross_entropy = F.cross_entropy  # (the oracle: torch's own)\n"
 #: the case's main run under anomaly mode, its warnings (the forward traceback is one) printed
 #: to the run's stderr whatever the forking process did with warnings (pytest records them)
 ANOMALY = """
@@ -66,11 +65,11 @@ FORWARD = re.compile(r"Traceback of forward call that caused the error:\n(.*?)\(
 FRAME = re.compile(rf'File "{re.escape(FILENAME)}", line (\d+)')
 
 
-def reference_fix(source: str) -> str:
-    """The case's script with its loss computed in log space."""
-    if BUGGY_LOSS not in source:
-        raise RuntimeError("the nan case no longer holds the loss its reference fix replaces")
-    return source.replace(BUGGY_LOSS, FIXED_LOSS)
+def with_torchs_loss(source: str) -> str:
+    """The case's script, its ``cross_entropy`` replaced by torch's (the oracle)."""
+    if "def cross_entropy(" not in source:
+        raise RuntimeError("the nan case no longer defines the cross_entropy the oracle replaces")
+    return source + TORCH_LOSS
 
 
 def first_nonfinite(losses: list) -> int | None:
@@ -86,7 +85,7 @@ def _ok(run: probes.Run, what: str) -> dict:
 @functools.lru_cache(maxsize=8)
 def truth(config_json: str) -> dict:
     """What torch says about the case under ``config``: the first non-finite step, anomaly
-    mode's Node and forward line, and the reference fix's losses."""
+    mode's Node and forward line, and the losses with torch's cross entropy."""
     config = json.loads(config_json)
     source = probes.case_source(NAME)
     losses = _ok(probes.run(source, config, filename=FILENAME, timeout_s=TIMEOUT_S),
@@ -101,10 +100,10 @@ def truth(config_json: str) -> dict:
         raise RuntimeError(f"anomaly mode did not report as expected: {anomaly.error}\n"
                            f"{anomaly.stderr[-3000:]}")
     out.update(node=node.group(1), line=int(frames[-1]))
-    reference = _ok(probes.run(reference_fix(source), config, filename=FILENAME,
-                               timeout_s=TIMEOUT_S), "the reference fix")["losses"]
+    reference = _ok(probes.run(with_torchs_loss(source), config, filename=FILENAME,
+                               timeout_s=TIMEOUT_S), "the oracle")["losses"]
     if first_nonfinite(reference) is not None:
-        raise RuntimeError(f"the reference fix is not finite under {config}")
+        raise RuntimeError(f"torch's cross entropy is not finite under {config}")
     out["reference"] = reference
     return out
 
@@ -185,7 +184,7 @@ def judge_fix(runs, want: dict, what: str) -> None:
     for i, (got, exp) in enumerate(zip(losses, ref)):
         if not abs(got - exp) <= ATOL + RTOL * abs(exp):
             raise CheckFailure(
-                f"{what}: your fixed script's loss departs from the reference fix's at step "
+                f"{what}: your fixed script's loss departs from torch's cross entropy's at step "
                 f"{i}: {got:.6g}, where a numerically stable cross entropy gives {exp:.6g}. A "
                 "fix must compute the same loss without underflow, not change the training: "
                 "clamping or adding an epsilon to the probabilities, nan_to_num, skipping "
@@ -193,18 +192,11 @@ def judge_fix(runs, want: dict, what: str) -> None:
 
 
 def judge(answer, config: dict, want: dict, what: str) -> None:
-    reply = answer.probe(probes.diagnosed, NAME, config, [["fixed", {}, TIMEOUT_S]])
-    if type(reply) is not dict:
-        raise CheckFailure(f"{what}: the probe's reply is not a dict.")
-    if "raised" in reply:
-        raise AnswerRaised(reply["raised"])
-    if "reply" in reply:
-        raise CheckFailure(f"{what}: fix_nan(case) must return {{'diagnosis': {{...}}, "
-                           f"'script': str}}; it returned {reply['reply']}.")
-    if "compile" in reply:
-        raise CheckFailure(f"{what}: your fixed script does not compile: {reply['compile']}.")
-    judge_diagnosis(reply.get("diagnosis"), want, what)
-    judge_fix(reply.get("runs"), want, what)
+    runs = [["fixed", {}, TIMEOUT_S]]
+    reply = answer.probe(probes.diagnosed, NAME, config, runs)
+    diagnosis, runs = runs_of(reply, runs, what)
+    judge_diagnosis(diagnosis, want, what)
+    judge_fix(runs, want, what)
 
 
 @check(EXERCISE)

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-DEFAULTS = {"seed": 0, "items": 96, "batch": 8, "read_s": 0.01, "width": 1024, "lr": 0.05,
+DEFAULTS = {"seed": 0, "items": 64, "batch": 8, "read_s": 0.01, "width": 1024, "lr": 0.05,
             "workdir": "/tmp"}
 
 

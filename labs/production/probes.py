@@ -61,7 +61,9 @@ class Run:
     time of the run; ``peak_rss_bytes``: the process's peak resident memory (bytes, its own:
     children such as DataLoader workers or ranks are not counted). ``graphs``: how many graphs
     Dynamo compiled during the run (``torch.compile``'s frames and recompiles; counted by the
-    runner, not by the script)."""
+    runner, not by the script); ``compiled``: for each function the script defines that Dynamo
+    compiled, the entries its code holds in Dynamo's cache (one per graph kept, with its
+    guards), read by the runner after ``main`` returned."""
 
     status: str
     result: object = None
@@ -72,6 +74,7 @@ class Run:
     seconds: float = 0.0
     peak_rss_bytes: int = 0
     graphs: int = 0
+    compiled: dict = dataclasses.field(default_factory=dict)
 
     def plain(self) -> dict:
         """The run as plain data (a probe's reply)."""
@@ -113,7 +116,8 @@ def _child(code, config: dict, files: dict, memory_bytes: int) -> None:
             error = f"{type(exc).__name__}: {exc}"
         with open(files["result"], "w", encoding="utf-8") as f:
             json.dump({"result": result, "error": error, "line": line,
-                       "graphs": _graphs() - graphs}, f)
+                       "graphs": _graphs() - graphs,
+                       "compiled": _compiled(namespace, code.co_filename)}, f)
         for stream in (sys.stdout, sys.stderr):  # (the script may have closed or replaced them)
             with contextlib.suppress(Exception):
                 stream.flush()
@@ -161,6 +165,20 @@ def _graphs() -> int:
     from torch._dynamo.utils import counters
 
     return counters["stats"]["unique_graphs"]
+
+
+def _compiled(namespace: dict, filename: str) -> dict:
+    """For each function the script defines at its top level that Dynamo compiled: how many
+    entries (graphs with their guards) its code object holds in Dynamo's cache
+    (torch/csrc/dynamo/cache_entry.h: CacheEntry; ``_debug_get_cache_entry_list``)."""
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    out = {}
+    for name, value in namespace.items():
+        code = getattr(value, "__code__", None)
+        if code is not None and code.co_filename == filename:
+            out[name] = len(_debug_get_cache_entry_list(code))
+    return {name: n for name, n in out.items() if n}
 
 
 def _tail(path: str) -> str:
@@ -222,7 +240,7 @@ def run(source: str, config: dict, *, filename: str = "case.py",
         out.status, out.error = "timeout", f"still running after {timeout_s:g} s: killed"
     elif written is not None:
         out.result, out.error, out.line = written["result"], written["error"], written["line"]
-        out.graphs = written["graphs"]
+        out.graphs, out.compiled = written["graphs"], written["compiled"]
         out.status = "raised" if written["error"] else "ok"
     elif os.WIFSIGNALED(status):
         out.error = f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
@@ -309,7 +327,10 @@ def diagnosed(answer, name: str, config: dict, runs: list) -> dict:
     """Call ``answer(Case(name, config))`` (``config["workdir"]`` set to a fresh folder), then
     make each run of ``runs``: ``[which, overrides, timeout_s]`` with ``which`` ``"fixed"`` (the
     script the answer returned) or ``"original"`` (the case's own), its settings ``config``
-    with ``overrides`` laid over them. Returns ``{"diagnosis": what the answer gave, "runs":
+    with ``overrides`` laid over them (settings the answer never saw, where a check tests that
+    the fix holds beyond the case it was given). The runs are the probe's own, made afresh from
+    the case's file and the script's text, not through the ``Case`` the answer was given (which
+    the answer may have changed). Returns ``{"diagnosis": what the answer gave, "runs":
     [Run.plain(), ...]}``; ``{"reply": why}`` when the answer did not return a dict with a
     ``"script"`` string; ``{"compile": message}`` when that script does not compile; ``{"raised":
     record}`` when the answer raised."""
@@ -318,6 +339,7 @@ def diagnosed(answer, name: str, config: dict, runs: list) -> dict:
     from grader.checks import raised
 
     workdir = tempfile.mkdtemp(prefix=f"{name}-")
+    original, filename = case_source(name), f"{name.replace('-', '_')}.py"
     try:
         case = Case(name, {**config, "workdir": workdir})
         try:
@@ -328,13 +350,14 @@ def diagnosed(answer, name: str, config: dict, runs: list) -> dict:
             return {"reply": f"a {type(reply).__name__}"
                     + ("" if type(reply) is not dict else f" with keys {sorted(map(str, reply))}")}
         try:
-            compile(reply["script"], case.filename, "exec")
+            compile(reply["script"], filename, "exec")
         except SyntaxError as exc:
             return {"compile": f"SyntaxError: {exc.msg} (line {exc.lineno})"}
-        out = []
-        for which, overrides, timeout_s in runs:
-            source = reply["script"] if which == "fixed" else case.source
-            out.append(case.run(source, overrides, timeout_s=timeout_s).plain())
+        out, settings = [], {**config, "workdir": workdir}
+        for which, overrides, timeout_s in runs:  # (not through the answer's Case object)
+            source = reply["script"] if which == "fixed" else original
+            out.append(run(source, {**settings, **overrides}, filename=filename,
+                           timeout_s=timeout_s).plain())
         return {"diagnosis": reply.get("diagnosis"), "runs": out}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

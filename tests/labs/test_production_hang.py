@@ -54,7 +54,7 @@ def test_skipping_the_gradient_sync_on_every_rank_trains_another_model():
 def test_dropping_only_the_gradient_sync_still_leaves_the_ranks_apart():
     answer = _answer(script=lambda s: s.replace(
         "            dist.all_reduce(p.grad)\n", "            pass\n"))
-    assert_rejected(EX, answer, "skipped by every rank, and only that step")
+    assert_rejected(EX, answer, "trains differently from a correct fix")
 
 
 def test_joining_the_all_reduce_with_zero_gradients_is_not_skipping_the_step():
@@ -69,3 +69,19 @@ def test_a_longer_timeout_still_hangs():
         'timeout=timedelta(seconds=config["timeout_s"])',
         'timeout=timedelta(seconds=2 * config["timeout_s"])'))
     assert_rejected(EX, answer, "did not finish")
+
+
+def test_a_fix_written_for_the_case_it_was_shown_fails_on_data_it_was_not():
+    """The trial's forgery: the script told to skip the step the diagnosis found (a step typed
+    into config['skip']): right for the case the answer saw, not a fix of the job."""
+    fix_hang = load_answer(EX)
+
+    def answer(case):
+        reply = fix_hang(case)
+        merge = "    config = {**DEFAULTS, **config}\n"
+        assert merge in case.source
+        skip = f"    config['skip'] = [{reply['diagnosis']['step']}]\n"
+        reply["script"] = case.source.replace(merge, merge + skip)
+        return reply
+
+    assert_rejected(EX, answer, "your fix run on data it was not shown")

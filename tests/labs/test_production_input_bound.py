@@ -42,3 +42,24 @@ def test_workers_without_the_loaders_generator_change_the_data_order():
         '                        generator=torch.Generator().manual_seed(config["seed"]))',
         "                        )"))
     assert_rejected(EX, answer, "differs from the case's")
+
+
+def test_the_checks_runs_are_not_made_through_the_case_the_answer_was_given():
+    """The trial's forgery: the script left as it is, and the answer's Case made to report the
+    original 10 s slower: the probe runs the scripts itself, so nothing is saved."""
+    fix_input_bound = load_answer(EX)
+
+    def answer(case):
+        reply, honest, original = fix_input_bound(case), case.run, case.source
+
+        def slower(source=None, config=None, timeout_s=60.0):
+            run = honest(source, config, timeout_s)
+            if (source or original) == original and run.result:
+                run.result["seconds"] += 10.0
+            return run
+
+        case.run = slower
+        reply["script"] = original
+        return reply
+
+    assert_rejected(EX, answer, "a fix must hide at least a third of that wait")

@@ -51,7 +51,15 @@ def test_dynamic_true_does_not_help_a_float_the_op_needs_as_a_constant():
 
 def test_not_compiling_is_not_a_fix():
     answer = _changed(script=lambda s: s.replace(COMPILE, "pass"))
-    assert_rejected(EX, answer, "compiled no graph")
+    assert_rejected(EX, answer, "Dynamo holds no graph of compute_loss")
+
+
+def test_compiling_something_else_is_not_a_fix():
+    """The trial's forgery: the loss computed eagerly, and a function of no use compiled once
+    so that Dynamo's graph counter reads 1 (the check counts compute_loss's own graphs)."""
+    dummy = 'torch.compile(lambda t: t + 1, backend="eager")(torch.ones(1))'
+    answer = _changed(script=lambda s: s.replace(COMPILE, dummy))
+    assert_rejected(EX, answer, "Dynamo holds no graph of compute_loss")
 
 
 def test_a_constant_smoothing_trains_another_model():

@@ -48,7 +48,7 @@ def corrupted(config: dict) -> list[tuple[int, int]]:
             if bool(namespace["shard"](rank, settings)[1][step].isnan().any())]
 
 
-def drawn_config(seed: int, not_rank: int, not_step: int) -> dict:
+def drawn_config(seed: int | str, not_rank: int, not_step: int) -> dict:
     """A seed whose data has exactly one corrupted batch, on a rank other than ``not_rank``,
     at a step other than ``not_step`` (a step typed in from the public case fails), neither
     first nor last."""
@@ -62,11 +62,15 @@ def drawn_config(seed: int, not_rank: int, not_step: int) -> dict:
 
 
 def judge(answer, config: dict, what: str) -> None:
-    runs = [["fixed", {}, FIXED_TIMEOUT_S]]
+    """The diagnosis against ``config``'s corrupted batch; the fix run on data the answer never
+    saw (another seed, its corrupted batch on the other rank at another step), so that a fix
+    written for the one case it was shown (a step typed into ``skip``) fails."""
+    (rank, step), = corrupted(config)
+    unseen = drawn_config(f"{config['seed']}-unseen", rank, step)
+    runs = [["fixed", unseen, FIXED_TIMEOUT_S]]
     reply = answer.probe(probes.diagnosed, NAME, config, runs)
     diagnosis, (fixed,) = runs_of(reply, runs, EXERCISE)
     diagnosis = diagnosis_dict(diagnosis, KEYS, EXERCISE)
-    (rank, step), = corrupted(config)
     if diagnosis["collective"] != "all_reduce":
         raise CheckFailure(f"{what}: the diagnosis names the collective "
                            f"{diagnosis['collective']!r}; which call did one rank skip that the "
@@ -83,7 +87,9 @@ def judge(answer, config: dict, what: str) -> None:
             "all_reduce at another step. The step where a rank waits is not where the other "
             "skipped: after a skip, the ranks' collectives pair up one step apart and the job "
             "only hangs at the end.")
-    want = skipped_together(config, step)
+    (_, unseen_step), = corrupted(unseen)
+    want = skipped_together(unseen, unseen_step)
+    what = f"{what} (your fix run on data it was not shown: seed {unseen['seed']})"
     if fixed["status"] != "ok":
         raise CheckFailure(f"{what}: " + ended(fixed, "your fixed job") + (
             " A job whose ranks make different collectives hangs whatever its timeout: make "

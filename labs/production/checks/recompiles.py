@@ -36,6 +36,10 @@ from labs.production.checks._replies import runs_of
 EXERCISE = "production.recompiles"
 NAME = "recompiles"
 FILENAME = "recompiles.py"
+#: the case's function whose graphs are counted: the entries its code holds in Dynamo's cache
+#: after the run (labs/production/probes.py: Run.compiled), so a graph compiled for anything
+#: else does not count
+COMPILED = "compute_loss"
 TIMEOUT_S = 60.0
 #: the fix's losses against the eager run's: |yours - eager| <= ATOL + RTOL * |eager|
 RTOL, ATOL = 1e-5, 1e-6
@@ -118,11 +122,12 @@ def truth(config_json: str) -> dict:
                            timeout_s=TIMEOUT_S), "the eager run").result["losses"]
     constant = _ok(probes.run(source, {**config, "decay": 1.0}, filename=FILENAME,
                               timeout_s=TIMEOUT_S), "the run with a constant smoothing")
-    if constant.graphs < 1:
+    bound = constant.compiled.get(COMPILED, 0)
+    if bound < 1:
         raise RuntimeError("the run with a constant smoothing compiled no graph")
     return {"guard": guards.pop(), "recompiles": seen.graphs - 1,
             "eager_from": limit[0] if limit else None, "eager": eager,
-            "bound": constant.graphs, "steps": len(eager)}
+            "bound": bound, "steps": len(eager)}
 
 
 PUBLIC = {"compile": True}
@@ -181,20 +186,25 @@ def judge_fix(runs, want: dict, what: str) -> None:
                            f"{str(run.get('error'))[:300]}")
     result = run.get("result")
     losses = result.get("losses") if type(result) is dict else None
-    graphs = run.get("graphs")  # the runner's count, in the run's process (probes.Run.graphs)
+    compiled = run.get("compiled")  # the runner's reading of Dynamo's cache (probes.Run.compiled)
+    if type(compiled) is not dict:
+        raise CheckFailure(f"{what}: the probe's run of your fixed script does not say what "
+                           "Dynamo compiled ('compiled', a dict).")
+    graphs = compiled.get(COMPILED, 0)
     if type(graphs) is not int:
-        raise CheckFailure(f"{what}: the probe's run of your fixed script has no count of "
-                           "the graphs Dynamo compiled ('graphs', an int).")
+        raise CheckFailure(f"{what}: the probe's count of {COMPILED}'s graphs is not an int.")
     if type(losses) is not list or not all(type(v) in (int, float) for v in losses):
         raise CheckFailure(f"{what}: your fixed script's main() must still return "
                            "{'losses': [one float per step], ...}, as the case does.")
     if graphs < 1:
-        raise CheckFailure(f"{what}: your fixed script compiled no graph: the loss must still "
-                           "be computed by a compiled function (running it eagerly is not a "
-                           "fix of its recompiles).")
+        raise CheckFailure(f"{what}: Dynamo holds no graph of {COMPILED} after your fixed "
+                           f"script ran: the loss must still be computed by the compiled "
+                           f"{COMPILED} (running it eagerly, or compiling something else, is "
+                           "not a fix of its recompiles).")
     if graphs > want["bound"] or "recompile_limit" in str(run.get("stderr")):
         raise CheckFailure(
-            f"{what}: your fixed script compiled {graphs} graphs, more than the "
+            f"{what}: Dynamo holds {graphs} graphs of {COMPILED} after your fixed script ran, "
+            f"more than the "
             f"{want['bound']} a fix needs (what the case compiles when its smoothing never "
             "changes). Whatever its guards test still changes between "
             "steps: a larger recompile limit or dynamic=True does not help when an op needs "

@@ -38,6 +38,8 @@ CASES = Path(__file__).resolve().parent / "cases"
 RUN_TIMEOUT_S = 60.0
 #: bytes of address space a case run may add to what its process had when forked
 RUN_MEMORY_BYTES = 3 << 30
+#: seconds between two samples of a run's heap (Run.heap_growth_bytes)
+HEAP_SAMPLE_S = 0.002
 #: characters of a run's stdout and stderr kept (the last ones)
 KEEP_CHARS = 20_000
 
@@ -63,7 +65,10 @@ class Run:
     Dynamo compiled during the run (``torch.compile``'s frames and recompiles; counted by the
     runner, not by the script); ``compiled``: for each function the script defines that Dynamo
     compiled, the entries its code holds in Dynamo's cache (one per graph kept, with its
-    guards), read by the runner after ``main`` returned."""
+    guards), read by the runner after ``main`` returned; ``heap_growth_bytes``: how far the
+    bytes malloc had handed out rose above their level when ``main`` was called, at most,
+    while it ran (where CPU tensors live; sampled by the runner every
+    :data:`HEAP_SAMPLE_S` seconds: :class:`_HeapPeak`)."""
 
     status: str
     result: object = None
@@ -75,6 +80,7 @@ class Run:
     peak_rss_bytes: int = 0
     graphs: int = 0
     compiled: dict = dataclasses.field(default_factory=dict)
+    heap_growth_bytes: int = 0
 
     def plain(self) -> dict:
         """The run as plain data (a probe's reply)."""
@@ -104,10 +110,11 @@ def _child(code, config: dict, files: dict, memory_bytes: int) -> None:
         limit = pages * os.sysconf("SC_PAGE_SIZE") + memory_bytes
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         namespace = {"__name__": "__case__", "__file__": code.co_filename}
-        graphs = _graphs()
+        graphs, heap = _graphs(), _HeapPeak()
         try:
             exec(code, namespace)  # noqa: S102  (the case script: what this runs)
-            result, error, line, status = namespace["main"](dict(config)), "", None, 0
+            with heap:
+                result, error, line, status = namespace["main"](dict(config)), "", None, 0
         except BaseException as exc:  # noqa: BLE001  (the run's own failure, reported)
             traceback.print_exc(file=err)
             frames = [f for f in traceback.extract_tb(exc.__traceback__)
@@ -117,7 +124,8 @@ def _child(code, config: dict, files: dict, memory_bytes: int) -> None:
         with open(files["result"], "w", encoding="utf-8") as f:
             json.dump({"result": result, "error": error, "line": line,
                        "graphs": _graphs() - graphs,
-                       "compiled": _compiled(namespace, code.co_filename)}, f)
+                       "compiled": _compiled(namespace, code.co_filename),
+                       "heap_growth_bytes": heap.growth}, f)
         for stream in (sys.stdout, sys.stderr):  # (the script may have closed or replaced them)
             with contextlib.suppress(Exception):
                 stream.flush()
@@ -165,6 +173,52 @@ def _graphs() -> int:
     from torch._dynamo.utils import counters
 
     return counters["stats"]["unique_graphs"]
+
+
+class _HeapPeak:
+    """While its ``with`` block runs, a thread samples the bytes malloc has handed out (glibc's
+    ``mallinfo2``: ``uordblks + hblkhd``; the CPU allocator's tensors are there,
+    c10/core/impl/alloc_cpu.cpp: alloc_cpu) every :data:`HEAP_SAMPLE_S` seconds; ``growth``
+    is then the highest sample above the first, in bytes (0 where glibc is absent)."""
+
+    def __init__(self):
+        import ctypes
+
+        class MallInfo2(ctypes.Structure):
+            _fields_ = [(name, ctypes.c_size_t) for name in (
+                "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                "uordblks", "fordblks", "keepcost")]
+
+        libc = ctypes.CDLL(None)
+        self.info = getattr(libc, "mallinfo2", None)
+        if self.info is not None:
+            self.info.restype = MallInfo2
+        self.growth, self.done = 0, None
+
+    def _bytes(self) -> int:
+        info = self.info()
+        return info.uordblks + info.hblkhd
+
+    def __enter__(self):
+        import threading
+
+        if self.info is None:
+            return self
+        self.done, start = threading.Event(), self._bytes()
+
+        def sample():
+            while not self.done.wait(HEAP_SAMPLE_S):
+                self.growth = max(self.growth, self._bytes() - start)
+
+        self.thread = threading.Thread(target=sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.done is not None:
+            self.done.set()
+            self.thread.join()
+        return False
 
 
 def _compiled(namespace: dict, filename: str) -> dict:
@@ -241,6 +295,7 @@ def run(source: str, config: dict, *, filename: str = "case.py",
     elif written is not None:
         out.result, out.error, out.line = written["result"], written["error"], written["line"]
         out.graphs, out.compiled = written["graphs"], written["compiled"]
+        out.heap_growth_bytes = written["heap_growth_bytes"]
         out.status = "raised" if written["error"] else "ok"
     elif os.WIFSIGNALED(status):
         out.error = f"killed by {signal.Signals(os.WTERMSIG(status)).name}"

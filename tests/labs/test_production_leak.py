@@ -56,3 +56,11 @@ def test_logging_a_smaller_validation_batch_changes_what_is_logged():
         "        val_loss = loss_fn(model(val_x[:64]), val_y[:64])").replace(
         KEEPS, "        val_losses.append(val_loss.detach())"))
     assert_rejected(EX, answer, "departs from the original's")
+
+
+def test_memory_readings_the_script_fakes_do_not_hide_the_leak():
+    """A forger's fix: the leak left in place, the script's own readings made flat; the
+    runner's samples of the heap still see each step kept."""
+    answer = _changed(script=lambda s: s.replace(
+        "        memory.append(allocated_bytes())\n", "        memory.append(1 << 20)\n"))
+    assert_rejected(EX, answer, "each step's memory is still kept until the end")

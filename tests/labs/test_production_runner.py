@@ -123,3 +123,12 @@ def test_the_runner_counts_dynamos_graphs_and_shows_warnings_on_stderr():
     r = run(script, {"k": 2, "n": 3})
     assert (r.status, r.graphs) == ("ok", 1), r.stderr
     assert "UserWarning: careful now" in r.stderr
+
+
+def test_the_runner_samples_how_far_the_heap_rose_while_main_ran():
+    """A tensor held until main returns (then freed) is seen by the runner's samples."""
+    script = ("import time\nimport torch\n\n\ndef main(config):\n"
+              "    held = [torch.ones(config['n'], dtype=torch.uint8) for _ in range(4)]\n"
+              "    time.sleep(0.05)\n    return {'held': len(held)}\n")
+    big, small = run(script, {"n": 16 << 20}), run(script, {"n": 16})
+    assert big.heap_growth_bytes >= 64 << 20 > small.heap_growth_bytes, (big, small)

@@ -35,6 +35,12 @@ TIMEOUT_S = 30.0
 BYTES_TOLERANCE = 0.15
 #: the fix's growth per step may be at most this fraction of the original's
 GROWTH_FRACTION = 0.05
+#: the heap's highest rise during the fix's run, over what one step of the original needs, as
+#: a share of the original's rise over that same level (all three runs' peaks taken by the
+#: runner, not reported by the scripts: labs/production/probes.py: Run.heap_growth_bytes)
+PEAK_FRACTION = 0.25
+#: the settings of the original's short run: its peak is what training needs without a leak
+SHORT = {"steps": 2}
 #: the fix's losses against the original's: |yours - original| <= ATOL + RTOL * |original|
 RTOL, ATOL = 1e-5, 1e-7
 
@@ -125,9 +131,13 @@ def _run_of(run, what: str, which: str) -> dict:
 
 def judge_fix(runs, want: dict, what: str) -> None:
     runs = exact(runs, list, f"{what}: the runs")
-    if len(runs) != 2:
-        raise CheckFailure(f"{what}: the probe returned {len(runs)} runs for the 2 it made.")
+    if len(runs) != 3:
+        raise CheckFailure(f"{what}: the probe returned {len(runs)} runs for the 3 it made.")
     fixed, original = _run_of(runs[0], what, "fixed"), _run_of(runs[1], what, "original")
+    _run_of(runs[2], what, "short original")
+    peaks = [r.get("heap_growth_bytes") for r in runs]
+    if any(type(p) is not int for p in peaks):
+        raise CheckFailure(f"{what}: the probe's runs do not say how far the heap rose.")
     steps = want["steps"]
     for which, result in (("fixed", fixed), ("original", original)):
         if any(len(result[k]) != steps for k in ("train_losses", "val_losses", "memory")):
@@ -147,6 +157,13 @@ def judge_fix(runs, want: dict, what: str) -> None:
             f"at most {GROWTH_FRACTION:.0%} passes). Whatever keeps each step's graph alive "
             "is still there: deleting a name, calling .item() only to print, or detaching "
             "another tensor leaves the reference in place.")
+    fix_peak, leak_peak, short_peak = peaks
+    if fix_peak - short_peak > PEAK_FRACTION * max(leak_peak - short_peak, 1):
+        raise CheckFailure(
+            f"{what}: while your fixed script ran, the heap rose {fix_peak / 2**20:.1f} MiB "
+            f"at its highest (the runner's samples), against {short_peak / 2**20:.1f} MiB for "
+            f"two steps of the original and {leak_peak / 2**20:.1f} MiB for all of its steps: "
+            "each step's memory is still kept until the end, whatever the script reports.")
     for key in ("train_losses", "val_losses"):
         for i, (got, exp) in enumerate(zip(fixed[key], want[key])):
             if not abs(got - exp) <= ATOL + RTOL * abs(exp):
@@ -159,7 +176,8 @@ def judge_fix(runs, want: dict, what: str) -> None:
 
 def judge(answer, config: dict, what: str) -> None:
     want = truth(json.dumps(config, sort_keys=True))
-    runs = [["fixed", {}, TIMEOUT_S], ["original", {}, TIMEOUT_S]]
+    runs = [["fixed", {}, TIMEOUT_S], ["original", {}, TIMEOUT_S],
+            ["original", SHORT, TIMEOUT_S]]
     reply = answer.probe(probes.diagnosed, NAME, config, runs)
     diagnosis, runs = runs_of(reply, runs, what)
     judge_diagnosis(diagnosis, want, what)

@@ -128,6 +128,16 @@ def test_the_learners_copy_has_no_solution_and_no_hidden_check(copy):
     assert not leaks, "\n".join(f"{w}: {lines} in {p}" for w, lines, p in leaks[:20])
 
 
+def test_the_copys_public_nan_check_holds_no_fix_of_the_case(copy):
+    """Lab 9's hidden nan checks train the case with torch's own loss (a fix of it); the public
+    check compares with the original's curve, so the copy holds neither that loss nor the
+    code that puts it in the case."""
+    text = (copy / "labs" / "production" / "checks" / "nan.py").read_text(encoding="utf-8")
+    assert "def default_settings" in text and "def drawn_settings" not in text
+    assert "TORCH_LOSS" not in text and "def with_torchs_loss" not in text
+    assert "F.cross_entropy" not in text
+
+
 def test_the_copy_leaves_out_the_reference_model_that_answers_lab_3(copy):
     """The allocator lab's reference model is ``instructor_only``: absent from the copy, and
     nothing shipped imports it (its notebook and public checks read its recorded runs)."""

@@ -116,7 +116,8 @@ def _child(code, config: dict, files: dict, memory_bytes: int) -> None:
             with heap:
                 result, error, line, status = namespace["main"](dict(config)), "", None, 0
         except BaseException as exc:  # noqa: BLE001  (the run's own failure, reported)
-            traceback.print_exc(file=err)
+            # (from the script's frames on: the runner's own frame says nothing to a learner)
+            traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next, file=err)
             frames = [f for f in traceback.extract_tb(exc.__traceback__)
                       if f.filename == code.co_filename]
             result, line, status = None, frames[-1].lineno if frames else None, 1

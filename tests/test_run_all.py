@@ -31,10 +31,11 @@ from tests.conftest import EXTENSIONS, ROOT
 from tests.test_labs_end_to_end import STUBS_GRADED_WHOLE
 
 LABS = [lab for lab in lab_ids() if load_lab(lab).root == ROOT]
-#: the labs whose references take longest to run (their checks compile or export, or run
-#: every case script): their releases run twice instead (tests/test_run_twice.py), and their
-#: references are run whole where they are graded (tests/test_labs_end_to_end.py)
-HEAVY = ("compile", "export", "production")
+#: the labs whose references take longest to run (their checks compile, export, start ranks or
+#: run every case script) and whose answer cells register nothing a second run could trip on:
+#: their releases run twice instead (tests/test_run_twice.py), and their references are run
+#: whole where they are graded (tests/test_labs_end_to_end.py)
+HEAVY = ("compile", "distributed", "export", "production")
 
 
 #: seconds a cell may take in a first pass without saying so in the markdown before it ("takes

@@ -229,7 +229,7 @@ def _timers(row: str, device: str):
     raise ValueError(f"no cheatsheet row {row!r}")
 
 
-def measure_row(row: str, device: str = "cpu", min_run_time: float = 0.1) -> dict:
+def measure_row(row: str, device: str = "cpu", min_run_time: float = 0.05) -> dict:
     """Time one cheatsheet row (:data:`ROWS`) on ``device`` with torch.utils.benchmark:
     ``{"row", "baseline_s", "faster_s", "ratio" (baseline / faster: above 1 where the claim
     holds here), "threads", "device"}``, median seconds per run; ``ratio`` None (and the
@@ -264,7 +264,7 @@ def measure_row(row: str, device: str = "cpu", min_run_time: float = 0.1) -> dic
     return out
 
 
-def cheatsheet(device: str = "cpu", min_run_time: float = 0.1) -> list[dict]:
+def cheatsheet(device: str = "cpu", min_run_time: float = 0.05) -> list[dict]:
     """Every row of :data:`ROWS` measured on ``device`` (:func:`measure_row`), each with its
     claim, mechanism and CPU note, and ``"holds"``: ``"yes"`` (faster by more than 10 %),
     ``"no"`` (slower by more than 10 %), ``"no difference"``, or ``"not measured"``."""

@@ -131,4 +131,4 @@ def test_the_runner_samples_how_far_the_heap_rose_while_main_ran():
               "    held = [torch.ones(config['n'], dtype=torch.uint8) for _ in range(4)]\n"
               "    time.sleep(0.05)\n    return {'held': len(held)}\n")
     big, small = run(script, {"n": 16 << 20}), run(script, {"n": 16})
-    assert big.heap_growth_bytes >= 64 << 20 > small.heap_growth_bytes, (big, small)
+    assert big.heap_growth_bytes >= 60 << 20 > small.heap_growth_bytes, (big, small)

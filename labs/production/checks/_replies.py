@@ -43,6 +43,21 @@ def ended(run: dict, what: str) -> str:
     return f"{what} ended without a result ({run.get('error')}).{tail}"
 
 
+def finished(run: dict, what: str, which: str, keys: tuple[str, ...]) -> dict:
+    """The result of ``run`` (``which``: "your fixed script", ...), which returned a dict with
+    a list of numbers under each of ``keys``; CheckFailure saying how it ended otherwise."""
+    if run.get("status") != "ok":
+        raise CheckFailure(f"{what}: " + ended(run, which))
+    result = run.get("result")
+    if type(result) is not dict or any(
+            type(result.get(k)) is not list
+            or not all(type(v) in (int, float) for v in result[k]) for k in keys):
+        shape = ", ".join(f"{k!r}: [...]" for k in keys)
+        raise CheckFailure(f"{what}: {which}'s main() must still return {{{shape}}}, lists of "
+                           "numbers, one per step, as the case's does.")
+    return result
+
+
 def oracle(source: str, config: dict, timeout_s: float, filename: str) -> probes.Run:
     """Run a case script (the original, under the check's settings) here, in the grader's process;
     raises RuntimeError when it did not return (the judge's own failure, never the answer's)."""

@@ -25,7 +25,7 @@ import random
 
 from grader.checks import CheckFailure, check, exact
 from labs.production import probes
-from labs.production.checks._replies import runs_of
+from labs.production.checks._replies import finished, runs_of
 
 EXERCISE = "production.leak"
 NAME = "leak"
@@ -112,27 +112,10 @@ def judge_diagnosis(diagnosis, want: dict, what: str) -> None:
 
 
 def _run_of(run, what: str, which: str) -> dict:
-    if type(run) is not dict:
-        raise CheckFailure(f"{what}: the probe's {which} run is not a run.")
-    if run.get("status") != "ok":
-        at = f" at line {run.get('line')}" if run.get("line") else ""
-        raise CheckFailure(f"{what}: the {which} script ended {run.get('status')!r}{at}: "
-                           f"{str(run.get('error'))[:300]}")
-    result = run.get("result")
-    keys = ("train_losses", "val_losses", "memory")
-    if type(result) is not dict or any(
-            type(result.get(k)) is not list
-            or not all(type(v) in (int, float) for v in result[k]) for k in keys):
-        raise CheckFailure(f"{what}: the {which} script's main() must still return "
-                           "{'train_losses': [...], 'val_losses': [...], 'memory': [...]}, "
-                           "lists of numbers, one per step.")
-    return result
+    return finished(run, what, f"the {which} script", ("train_losses", "val_losses", "memory"))
 
 
 def judge_fix(runs, want: dict, what: str) -> None:
-    runs = exact(runs, list, f"{what}: the runs")
-    if len(runs) != 3:
-        raise CheckFailure(f"{what}: the probe returned {len(runs)} runs for the 3 it made.")
     fixed, original = _run_of(runs[0], what, "fixed"), _run_of(runs[1], what, "original")
     _run_of(runs[2], what, "short original")
     peaks = [r.get("heap_growth_bytes") for r in runs]

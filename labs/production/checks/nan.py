@@ -27,7 +27,7 @@ import re
 
 from grader.checks import CheckFailure, check, exact
 from labs.production import probes
-from labs.production.checks._replies import runs_of
+from labs.production.checks._replies import finished, runs_of
 
 EXERCISE = "production.nan"
 NAME = "nan"
@@ -166,19 +166,7 @@ def judge_diagnosis(diagnosis, want: dict, what: str) -> None:
 
 
 def judge_fix(runs, want: dict, what: str) -> None:
-    runs = exact(runs, list, f"{what}: the runs")
-    if len(runs) != 1 or type(runs[0]) is not dict:
-        raise CheckFailure(f"{what}: the probe returned {len(runs)} runs for the 1 it made.")
-    run = runs[0]
-    if run.get("status") != "ok":
-        at = f" at line {run.get('line')}" if run.get("line") else ""
-        raise CheckFailure(f"{what}: your fixed script ended {run.get('status')!r}{at}: "
-                           f"{str(run.get('error'))[:300]}")
-    result = run.get("result")
-    losses = result.get("losses") if type(result) is dict else None
-    if type(losses) is not list or not all(type(v) in (int, float) for v in losses):
-        raise CheckFailure(f"{what}: your fixed script's main() must still return "
-                           "{'losses': [one float per step]}.")
+    losses = finished(runs[0], what, "your fixed script", ("losses",))["losses"]
     ref = want["reference"]
     if len(losses) != want["steps"]:
         raise CheckFailure(f"{what}: your fixed script returned {len(losses)} losses for the "

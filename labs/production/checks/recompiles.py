@@ -31,7 +31,7 @@ import re
 
 from grader.checks import CheckFailure, check, exact
 from labs.production import probes
-from labs.production.checks._replies import runs_of
+from labs.production.checks._replies import finished, runs_of
 
 EXERCISE = "production.recompiles"
 NAME = "recompiles"
@@ -176,16 +176,8 @@ def judge_diagnosis(diagnosis, want: dict, what: str) -> None:
 
 
 def judge_fix(runs, want: dict, what: str) -> None:
-    runs = exact(runs, list, f"{what}: the runs")
-    if len(runs) != 1 or type(runs[0]) is not dict:
-        raise CheckFailure(f"{what}: the probe returned {len(runs)} runs for the 1 it made.")
     run = runs[0]
-    if run.get("status") != "ok":
-        at = f" at line {run.get('line')}" if run.get("line") else ""
-        raise CheckFailure(f"{what}: your fixed script ended {run.get('status')!r}{at}: "
-                           f"{str(run.get('error'))[:300]}")
-    result = run.get("result")
-    losses = result.get("losses") if type(result) is dict else None
+    losses = finished(run, what, "your fixed script", ("losses",))["losses"]
     compiled = run.get("compiled")  # the runner's reading of Dynamo's cache (probes.Run.compiled)
     if type(compiled) is not dict:
         raise CheckFailure(f"{what}: the probe's run of your fixed script does not say what "
@@ -193,9 +185,6 @@ def judge_fix(runs, want: dict, what: str) -> None:
     graphs = compiled.get(COMPILED, 0)
     if type(graphs) is not int:
         raise CheckFailure(f"{what}: the probe's count of {COMPILED}'s graphs is not an int.")
-    if type(losses) is not list or not all(type(v) in (int, float) for v in losses):
-        raise CheckFailure(f"{what}: your fixed script's main() must still return "
-                           "{'losses': [one float per step], ...}, as the case does.")
     if graphs < 1:
         raise CheckFailure(f"{what}: Dynamo holds no graph of {COMPILED} after your fixed "
                            f"script ran: the loss must still be computed by the compiled "
@@ -204,10 +193,9 @@ def judge_fix(runs, want: dict, what: str) -> None:
     if graphs > want["bound"] or "recompile_limit" in str(run.get("stderr")):
         raise CheckFailure(
             f"{what}: Dynamo holds {graphs} graphs of {COMPILED} after your fixed script ran, "
-            f"more than the "
-            f"{want['bound']} a fix needs (what the case compiles when its smoothing never "
-            "changes). Whatever its guards test still changes between "
-            "steps: a larger recompile limit or dynamic=True does not help when an op needs "
+            f"more than the {want['bound']} a fix needs (what the case compiles when its "
+            "smoothing never changes). Whatever its guards test still changes between steps: "
+            "a larger recompile limit or dynamic=True does not help when an op needs "
             "the value as a Python constant; make the changing value an input Dynamo need "
             "not specialize on.")
     if len(losses) != want["steps"]:

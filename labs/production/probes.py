@@ -66,8 +66,8 @@ class Run:
     runner, not by the script); ``compiled``: for each function the script defines that Dynamo
     compiled, the entries its code holds in Dynamo's cache (one per graph kept, with its
     guards), read by the runner after ``main`` returned; ``heap_growth_bytes``: how far the
-    bytes malloc had handed out rose above their level when ``main`` was called, at most,
-    while it ran (where CPU tensors live; sampled by the runner every
+    bytes malloc had handed out rose above their level before the script's module code ran,
+    at most, while it and ``main`` ran (where CPU tensors live; sampled by the runner every
     :data:`HEAP_SAMPLE_S` seconds: :class:`_HeapPeak`)."""
 
     status: str
@@ -112,8 +112,8 @@ def _child(code, config: dict, files: dict, memory_bytes: int) -> None:
         namespace = {"__name__": "__case__", "__file__": code.co_filename}
         graphs, heap = _graphs(), _HeapPeak()
         try:
-            exec(code, namespace)  # noqa: S102  (the case script: what this runs)
-            with heap:
+            with heap:  # (from before the script's module code: what it allocates there counts)
+                exec(code, namespace)  # noqa: S102  (the case script: what this runs)
                 result, error, line, status = namespace["main"](dict(config)), "", None, 0
         except BaseException as exc:  # noqa: BLE001  (the run's own failure, reported)
             # (from the script's frames on: the runner's own frame says nothing to a learner)

@@ -63,3 +63,17 @@ def test_the_checks_runs_are_not_made_through_the_case_the_answer_was_given():
         return reply
 
     assert_rejected(EX, answer, "a fix must hide at least a third of that wait")
+
+
+def test_a_script_that_drops_the_wait_and_reports_a_slower_loop_fails():
+    """The re-trial's forgery: the wait removed, and the loop's reported time padded to what
+    slow storage would allow; the check reads the runner's clock, not the script's."""
+    fake = ('    return {"losses": losses, "seconds": max(time.perf_counter() - start, '
+            'len(data) * config["read_s"] / 4 + 0.05)}\n')
+
+    def script(source):
+        source = source.replace("        time.sleep(self.read_s)  # waiting for storage\n", "")
+        return source.replace(
+            '    return {"losses": losses, "seconds": time.perf_counter() - start}\n', fake)
+
+    assert_rejected(EX, _answer(script=script), "a fix cannot remove")

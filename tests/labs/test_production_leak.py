@@ -64,3 +64,17 @@ def test_memory_readings_the_script_fakes_do_not_hide_the_leak():
     answer = _changed(script=lambda s: s.replace(
         "        memory.append(allocated_bytes())\n", "        memory.append(1 << 20)\n"))
     assert_rejected(EX, answer, "each step's memory is still kept until the end")
+
+
+def test_memory_held_before_main_and_freed_in_it_does_not_hide_the_leak():
+    """The re-trial's forgery: ballast allocated by the script's module code and freed as main
+    starts, so the leak stays under where the heap was when main was called; the runner's
+    baseline is taken before the module code runs."""
+    ballast = "\n_BALLAST = [torch.ones(1 << 28, dtype=torch.uint8)]\n\n\ndef main(config):\n"
+
+    def script(source):
+        source = source.replace("\n\ndef main(config):\n", ballast + "    _BALLAST.clear()\n", 1)
+        return source.replace("        memory.append(allocated_bytes())\n",
+                              "        memory.append(1 << 20)\n")
+
+    assert_rejected(EX, _changed(script=script), "each step's memory is still kept")

@@ -66,3 +66,20 @@ def test_a_constant_smoothing_trains_another_model():
     answer = _changed(script=lambda s: s.replace("smoothing_at(step, config))",
                                                  'config["smoothing"])'))
     assert_rejected(EX, answer, "departs from the eager run's")
+
+
+def test_emptying_dynamos_cache_at_the_end_does_not_hide_the_recompiles():
+    """The re-trial's forgery: recompiling every step under a higher limit, then, at the last
+    step, Dynamo reset and the loss compiled once more, so that the cache holds one graph; the
+    runner counts every graph the run compiled."""
+    step = "        loss = loss_fn(model, x, y, smoothing_at(step, config))\n"
+    again = ('        if step == config["steps"] - 1:\n'
+             "            torch._dynamo.reset()\n" + step.replace("    ", "        ", 1))
+
+    def script(source):
+        assert step in source
+        source = source.replace(COMPILE, COMPILE + "\n        torch._dynamo.config."
+                                "recompile_limit = 1000")
+        return source.replace(step, step + again)
+
+    assert_rejected(EX, _changed(script=script), "graphs of compute_loss after your fixed")

@@ -190,6 +190,10 @@ def judge_fix(runs, want: dict, what: str) -> None:
                            f"script ran: the loss must still be computed by the compiled "
                            f"{COMPILED} (running it eagerly, or compiling something else, is "
                            "not a fix of its recompiles).")
+    total = run.get("graphs")  # every graph Dynamo compiled in the run (probes.Run.graphs)
+    if type(total) is not int:
+        raise CheckFailure(f"{what}: the probe's run does not count the graphs Dynamo compiled.")
+    graphs = max(graphs, total)  # (a cache emptied before the end still compiled them all)
     if graphs > want["bound"] or "recompile_limit" in str(run.get("stderr")):
         raise CheckFailure(
             f"{what}: Dynamo holds {graphs} graphs of {COMPILED} after your fixed script ran, "

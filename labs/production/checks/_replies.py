@@ -8,12 +8,13 @@ from grader.checks import AnswerRaised, CheckFailure
 from labs.production import probes
 
 
-def runs_of(reply, runs: list, what: str) -> tuple[object, list[dict]]:
-    """``(diagnosis, runs)`` of a :func:`probes.diagnosed` reply to a probe that asked for
-    ``runs``; raises AnswerRaised when the answer raised, CheckFailure when it returned no
+def probed(answer, name: str, config: dict, runs: list, what: str) -> tuple[object, list[dict]]:
+    """``(diagnosis, runs)``: the answer's reply to :func:`probes.diagnosed` on the case
+    ``name`` with ``config``, asked for ``runs``; raises AnswerRaised when the answer raised, CheckFailure when it returned no
     script, one that does not compile, or a reply that does not hold one run per run asked
     for (each a dict with a ``status``). Messages start with ``what`` (the exercise, or the
     setting the check ran)."""
+    reply = answer.probe(probes.diagnosed, name, config, runs)
     if type(reply) is not dict:
         raise CheckFailure("what came back from the probe is not a dict.")
     if "raised" in reply and type(reply["raised"]) is dict:

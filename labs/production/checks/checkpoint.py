@@ -28,7 +28,7 @@ import tempfile
 
 from grader.checks import CheckFailure, check
 from labs.production import probes
-from labs.production.checks._replies import diagnosis_dict, ended, oracle, runs_of
+from labs.production.checks._replies import diagnosis_dict, ended, oracle, probed
 
 EXERCISE = "production.checkpoint"
 NAME = "checkpoint"
@@ -69,8 +69,7 @@ def truth(config: dict) -> tuple[dict, int | None]:
 def judge(answer, config: dict, what: str) -> None:
     runs = [["fixed", {"stop_at": None}, RUN_TIMEOUT_S], ["fixed", {}, RUN_TIMEOUT_S],
             ["fixed", {"stop_at": None, "resume": True}, RUN_TIMEOUT_S]]
-    reply = answer.probe(probes.diagnosed, NAME, config, runs)
-    diagnosis, (whole, stopped, resumed) = runs_of(reply, runs, EXERCISE)
+    diagnosis, (whole, stopped, resumed) = probed(answer, NAME, config, runs, EXERCISE)
     diagnosis = diagnosis_dict(diagnosis, ("diverges_at", "missing"), EXERCISE)
     want, diverges_at = truth(config)
     if diagnosis["diverges_at"] != diverges_at:

@@ -26,7 +26,7 @@ import tempfile
 
 from grader.checks import CheckFailure, check
 from labs.production import probes
-from labs.production.checks._replies import diagnosis_dict, ended, oracle, runs_of
+from labs.production.checks._replies import diagnosis_dict, ended, oracle, probed
 
 EXERCISE = "production.hang"
 NAME = "hang"
@@ -68,8 +68,7 @@ def judge(answer, config: dict, what: str) -> None:
     (rank, step), = corrupted(config)
     unseen = drawn_config(f"{config['seed']}-unseen", rank, step)
     runs = [["fixed", unseen, FIXED_TIMEOUT_S]]
-    reply = answer.probe(probes.diagnosed, NAME, config, runs)
-    diagnosis, (fixed,) = runs_of(reply, runs, EXERCISE)
+    diagnosis, (fixed,) = probed(answer, NAME, config, runs, EXERCISE)
     diagnosis = diagnosis_dict(diagnosis, KEYS, EXERCISE)
     if diagnosis["collective"] != "all_reduce":
         raise CheckFailure(f"{what}: the diagnosis names the collective "

@@ -26,7 +26,7 @@ import random
 
 from grader.checks import CheckFailure, check
 from labs.production import probes
-from labs.production.checks._replies import diagnosis_dict, ended, oracle, runs_of
+from labs.production.checks._replies import diagnosis_dict, ended, oracle, probed
 
 EXERCISE = "production.input-bound"
 NAME = "input-bound"
@@ -69,8 +69,7 @@ def timed_source() -> str:
 def judge(answer, config: dict, what: str) -> None:
     runs = [["original", {}, RUN_TIMEOUT_S], ["fixed", {}, RUN_TIMEOUT_S],
             ["fixed", STORAGE, RUN_TIMEOUT_S]]
-    reply = answer.probe(probes.diagnosed, NAME, config, runs)
-    diagnosis, (original, fixed, storage) = runs_of(reply, runs, EXERCISE)
+    diagnosis, (original, fixed, storage) = probed(answer, NAME, config, runs, EXERCISE)
     diagnosis = diagnosis_dict(diagnosis, ("data_s", "data_fraction"), EXERCISE)
     truth = oracle(timed_source(), {**config, "workdir": "."}, RUN_TIMEOUT_S, FILENAME).result
     want = truth["waited"] / truth["seconds"]

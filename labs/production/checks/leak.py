@@ -25,7 +25,7 @@ import random
 
 from grader.checks import CheckFailure, check, exact
 from labs.production import probes
-from labs.production.checks._replies import finished, runs_of
+from labs.production.checks._replies import finished, probed
 
 EXERCISE = "production.leak"
 NAME = "leak"
@@ -161,8 +161,7 @@ def judge(answer, config: dict, what: str) -> None:
     want = truth(json.dumps(config, sort_keys=True))
     runs = [["fixed", {}, TIMEOUT_S], ["original", {}, TIMEOUT_S],
             ["original", SHORT, TIMEOUT_S]]
-    reply = answer.probe(probes.diagnosed, NAME, config, runs)
-    diagnosis, runs = runs_of(reply, runs, what)
+    diagnosis, runs = probed(answer, NAME, config, runs, what)
     judge_diagnosis(diagnosis, want, what)
     judge_fix(runs, want, what)
 

@@ -27,7 +27,7 @@ import re
 
 from grader.checks import CheckFailure, check, exact
 from labs.production import probes
-from labs.production.checks._replies import finished, runs_of
+from labs.production.checks._replies import finished, probed
 
 EXERCISE = "production.nan"
 NAME = "nan"
@@ -193,8 +193,7 @@ ORACLE = {False: "torch's cross entropy's", True: "the original's (before its Na
 
 def judge(answer, config: dict, want: dict, what: str) -> None:
     runs = [["fixed", {}, TIMEOUT_S]]
-    reply = answer.probe(probes.diagnosed, NAME, config, runs)
-    diagnosis, runs = runs_of(reply, runs, what)
+    diagnosis, runs = probed(answer, NAME, config, runs, what)
     judge_diagnosis(diagnosis, want, what)
     judge_fix(runs, want, what)
 

@@ -31,7 +31,7 @@ import re
 
 from grader.checks import CheckFailure, check, exact
 from labs.production import probes
-from labs.production.checks._replies import finished, runs_of
+from labs.production.checks._replies import finished, probed
 
 EXERCISE = "production.recompiles"
 NAME = "recompiles"
@@ -217,8 +217,7 @@ def judge_fix(runs, want: dict, what: str) -> None:
 def judge(answer, config: dict, what: str) -> None:
     want = truth(json.dumps(config, sort_keys=True))
     runs = [["fixed", {}, TIMEOUT_S]]
-    reply = answer.probe(probes.diagnosed, NAME, config, runs)
-    diagnosis, runs = runs_of(reply, runs, what)
+    diagnosis, runs = probed(answer, NAME, config, runs, what)
     judge_diagnosis(diagnosis, want, what)
     judge_fix(runs, want, what)
 
